@@ -1,0 +1,312 @@
+//! The embedding runtime that everything else calls: load a model once, then
+//! embed batches of texts from any number of threads.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use candle_core::Device;
+use rayon::prelude::*;
+
+use crate::encoder::Encoder;
+use crate::heads::{self, M3Heads};
+use crate::model::{ModelFiles, Pooling, Weights};
+use crate::tokenize::{TextTokenizer, Tokens};
+
+/// Which outputs to compute. Dense is what most callers want; sparse and
+/// ColBERT need a BGE-M3 model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outputs {
+    pub dense: bool,
+    pub sparse: bool,
+    pub colbert: bool,
+}
+
+impl Outputs {
+    pub const DENSE: Outputs = Outputs {
+        dense: true,
+        sparse: false,
+        colbert: false,
+    };
+    pub const ALL: Outputs = Outputs {
+        dense: true,
+        sparse: true,
+        colbert: true,
+    };
+}
+
+impl Default for Outputs {
+    fn default() -> Self {
+        Self::DENSE
+    }
+}
+
+/// The embedding of one input. Each output is `Some` when it was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Embedding {
+    /// The dense vector, L2-normalised when the model says so (BGE-M3 and MiniLM do).
+    pub dense: Option<Vec<f32>>,
+    /// Lexical weights: token id → weight (> 0), special tokens dropped.
+    pub sparse: Option<BTreeMap<u32, f32>>,
+    /// One normalised vector per token after `<s>` (`</s>` included).
+    pub colbert: Option<Vec<Vec<f32>>>,
+    /// Tokens the model saw, special tokens included.
+    pub tokens: usize,
+    /// The input was longer than the maximum length and was cut.
+    pub truncated: bool,
+}
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Cut inputs at this many tokens (special tokens included). `None`: the model's limit.
+    pub max_length: Option<usize>,
+    /// Tokens per forward pass; inputs are packed up to this budget.
+    pub max_batch_tokens: usize,
+    pub device: Device,
+    /// Where converted weights are kept. `None`: `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            max_length: None,
+            max_batch_tokens: 16_384,
+            device: Device::Cpu,
+            cache_dir: None,
+        }
+    }
+}
+
+/// What was loaded, for `--info`, `/info` and messages.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub dir: PathBuf,
+    pub model_type: String,
+    /// The file the weights were read from (a converted copy for `pytorch_model.bin`).
+    pub weights: PathBuf,
+    pub dense_dim: usize,
+    pub vocab_size: usize,
+    /// `Some` for BGE-M3.
+    pub colbert_dim: Option<usize>,
+    pub sparse: bool,
+    pub max_length: usize,
+    pub model_max_length: usize,
+    pub pooling: Pooling,
+    pub normalize: bool,
+    pub load_time: Duration,
+    /// The checkpoint was converted to safetensors during this load.
+    pub converted: bool,
+}
+
+pub struct Embedder {
+    tokenizer: TextTokenizer,
+    encoder: Encoder,
+    heads: Option<M3Heads>,
+    info: ModelInfo,
+    max_batch_tokens: usize,
+}
+
+/// The device the cargo features select: CUDA or Metal when compiled in and present, else CPU.
+pub fn default_device() -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    if candle_core::utils::cuda_is_available() {
+        return Ok(Device::new_cuda(0)?);
+    }
+    #[cfg(feature = "metal")]
+    if candle_core::utils::metal_is_available() {
+        return Ok(Device::new_metal(0)?);
+    }
+    Ok(Device::Cpu)
+}
+
+impl Embedder {
+    /// Loads the model in `dir` (see `model::locate` for finding one).
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let started = Instant::now();
+        let files = ModelFiles::inspect(dir)?;
+        let model_max_length = files.max_tokens();
+        let max_length = match options.max_length {
+            None => model_max_length,
+            Some(0) => bail!("--max-length must be at least 1"),
+            Some(n) if n > model_max_length => bail!(
+                "--max-length {n} is more than the model's limit of {model_max_length} tokens"
+            ),
+            Some(n) => n,
+        };
+        if options.max_batch_tokens == 0 {
+            bail!("the batch token budget must be at least 1");
+        }
+        let tokenizer = TextTokenizer::from_file(&files.tokenizer, max_length)?;
+        let cache_dir = match &options.cache_dir {
+            Some(dir) => dir.clone(),
+            None => crate::model::locate::recall_cache_dir()?,
+        };
+        let (weights_path, converted) = files.safetensors_weights(&cache_dir)?;
+        let mut weights = Weights::open(&weights_path)?;
+        let encoder = Encoder::load(&files.encoder, &mut weights, &options.device)
+            .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
+        drop(weights);
+        let hidden = files.encoder.hidden_size;
+        let heads = match &files.heads {
+            Some((colbert, sparse)) => {
+                Some(M3Heads::load(colbert, sparse, hidden, &options.device)?)
+            }
+            None => None,
+        };
+        // FlagEmbedding pools BGE-M3 by `<s>` and normalises, whatever modules.json says.
+        let (pooling, normalize) = match heads {
+            Some(_) => (Pooling::Cls, true),
+            None => (files.sentence.pooling, files.sentence.normalize),
+        };
+        let info = ModelInfo {
+            dir: dir.to_path_buf(),
+            model_type: files.encoder.model_type.clone(),
+            weights: weights_path,
+            dense_dim: hidden,
+            vocab_size: files.encoder.vocab_size,
+            colbert_dim: heads.as_ref().map(|h| h.colbert_dim()),
+            sparse: heads.is_some(),
+            max_length,
+            model_max_length,
+            pooling,
+            normalize,
+            load_time: started.elapsed(),
+            converted,
+        };
+        Ok(Self {
+            tokenizer,
+            encoder,
+            heads,
+            info,
+            max_batch_tokens: options.max_batch_tokens,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// Checks that the model can give `outputs`.
+    pub fn check_outputs(&self, outputs: Outputs) -> Result<()> {
+        if (outputs.sparse || outputs.colbert) && self.heads.is_none() {
+            bail!(
+                "{} has no BGE-M3 heads ({} and {}): it gives dense vectors only",
+                self.info.dir.display(),
+                crate::model::SPARSE_HEAD,
+                crate::model::COLBERT_HEAD
+            );
+        }
+        if !(outputs.dense || outputs.sparse || outputs.colbert) {
+            bail!("no output asked for: choose at least one of dense, sparse, colbert");
+        }
+        Ok(())
+    }
+
+    pub fn tokenize<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Tokens>> {
+        texts
+            .par_iter()
+            .map(|t| self.tokenizer.encode(t.as_ref()))
+            .collect()
+    }
+
+    /// Embeds `texts`; the result is in the order of `texts`.
+    pub fn embed<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        outputs: Outputs,
+    ) -> Result<Vec<Embedding>> {
+        self.check_outputs(outputs)?;
+        let tokens = self.tokenize(texts)?;
+        self.embed_tokens(&tokens, outputs)
+    }
+
+    /// Embeds tokenised inputs; the result is in their order. Inputs are
+    /// sorted by length and packed into forward passes of at most the batch
+    /// token budget (a longer single input gets a pass of its own).
+    pub fn embed_tokens(&self, inputs: &[Tokens], outputs: Outputs) -> Result<Vec<Embedding>> {
+        self.check_outputs(outputs)?;
+        let mut order: Vec<usize> = (0..inputs.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(inputs[i].ids.len()));
+        let mut results: Vec<Embedding> = vec![Embedding::default(); inputs.len()];
+        let mut start = 0;
+        while start < order.len() {
+            let mut end = start + 1;
+            let mut tokens = inputs[order[start]].ids.len();
+            while end < order.len()
+                && tokens + inputs[order[end]].ids.len() <= self.max_batch_tokens
+            {
+                tokens += inputs[order[end]].ids.len();
+                end += 1;
+            }
+            let batch: Vec<&Tokens> = order[start..end].iter().map(|&i| &inputs[i]).collect();
+            for (slot, embedding) in order[start..end]
+                .iter()
+                .zip(self.embed_batch(&batch, outputs)?)
+            {
+                results[*slot] = embedding;
+            }
+            start = end;
+        }
+        Ok(results)
+    }
+
+    fn embed_batch(&self, batch: &[&Tokens], outputs: Outputs) -> Result<Vec<Embedding>> {
+        let ids: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
+        let lens: Vec<usize> = ids.iter().map(|i| i.len()).collect();
+        if let Some(empty) = lens.iter().position(|&n| n == 0) {
+            bail!("input {empty} of the batch has no tokens");
+        }
+        let hidden = self.encoder.forward(&ids)?;
+        let mut out: Vec<Embedding> = batch
+            .iter()
+            .map(|t| Embedding {
+                tokens: t.ids.len(),
+                truncated: t.truncated,
+                ..Default::default()
+            })
+            .collect();
+        if outputs.dense {
+            let dense = heads::pool(&hidden, &lens, self.info.pooling, self.info.normalize)?
+                .to_vec2::<f32>()?;
+            for (e, d) in out.iter_mut().zip(dense) {
+                e.dense = Some(d);
+            }
+        }
+        let Some(m3) = &self.heads else {
+            return Ok(out);
+        };
+        if outputs.sparse {
+            let weights = m3.token_weights(&hidden)?;
+            let mut offset = 0;
+            for (e, input) in out.iter_mut().zip(&ids) {
+                let w = &weights[offset..offset + input.len()];
+                e.sparse = Some(heads::lexical_weights(input, w, |id| {
+                    self.tokenizer.is_special(id)
+                }));
+                offset += input.len();
+            }
+        }
+        if outputs.colbert {
+            let vectors = m3.colbert_vectors(&hidden)?.to_vec2::<f32>()?;
+            let mut offset = 0;
+            for (e, &len) in out.iter_mut().zip(&lens) {
+                // Every token after `<s>`, the closing `</s>` included.
+                e.colbert = Some(vectors[offset + 1..offset + len].to_vec());
+                offset += len;
+            }
+        }
+        Ok(out)
+    }
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Embedder>();
+};

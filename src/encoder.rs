@@ -1,0 +1,242 @@
+//! recall's own BERT / XLM-RoBERTa encoder on candle.
+//!
+//! A batch is packed: the tokens of every input are laid end to end as one
+//! `[total_tokens, hidden]` matrix, so no work is spent on padding and the
+//! linear layers see one large matrix. Attention runs per input over query
+//! blocks, so its memory stays bounded at any length (8192 tokens included).
+//! Position ids are integers computed on the host, as Hugging Face does.
+
+use anyhow::{Context, Result};
+use candle_core::{D, Device, Tensor};
+use candle_nn::{LayerNorm, Linear, Module};
+
+use crate::model::config::{Activation, EncoderConfig};
+use crate::model::weights::Weights;
+
+/// Upper bound on one attention score block (heads × query rows × keys), in
+/// f32 elements: 32 Mi elements is 128 MiB.
+const SCORE_BLOCK_ELEMENTS: usize = 32 << 20;
+
+struct Layer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attn_out: Linear,
+    attn_norm: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    out_norm: LayerNorm,
+}
+
+pub struct Encoder {
+    config: EncoderConfig,
+    word_embeddings: Tensor,
+    position_embeddings: Tensor,
+    /// Row 0 of the token-type table: every input is a single segment.
+    token_type_row: Tensor,
+    embed_norm: LayerNorm,
+    layers: Vec<Layer>,
+    device: Device,
+}
+
+fn linear(w: &Weights, name: &str, out: usize, inp: usize, dev: &Device) -> Result<Linear> {
+    let weight = w.get(&format!("{name}.weight"), &[out, inp], dev)?;
+    let bias = w.get(&format!("{name}.bias"), &[out], dev)?;
+    Ok(Linear::new(weight, Some(bias)))
+}
+
+fn layer_norm(w: &Weights, name: &str, size: usize, eps: f64, dev: &Device) -> Result<LayerNorm> {
+    let weight = w.get(&format!("{name}.weight"), &[size], dev)?;
+    let bias = w.get(&format!("{name}.bias"), &[size], dev)?;
+    Ok(LayerNorm::new(weight, bias, eps))
+}
+
+impl Encoder {
+    pub fn load(config: &EncoderConfig, weights: &mut Weights, device: &Device) -> Result<Self> {
+        weights.detect_prefix("embeddings.word_embeddings.weight")?;
+        let c = config;
+        let (h, dev) = (c.hidden_size, device);
+        let word_embeddings =
+            weights.get("embeddings.word_embeddings.weight", &[c.vocab_size, h], dev)?;
+        let position_embeddings = weights.get(
+            "embeddings.position_embeddings.weight",
+            &[c.max_position_embeddings, h],
+            dev,
+        )?;
+        let token_type_row = weights
+            .get(
+                "embeddings.token_type_embeddings.weight",
+                &[c.type_vocab_size, h],
+                dev,
+            )?
+            .get(0)?;
+        let embed_norm = layer_norm(weights, "embeddings.LayerNorm", h, c.layer_norm_eps, dev)?;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = format!("encoder.layer.{i}");
+            layers.push(Layer {
+                query: linear(weights, &format!("{p}.attention.self.query"), h, h, dev)?,
+                key: linear(weights, &format!("{p}.attention.self.key"), h, h, dev)?,
+                value: linear(weights, &format!("{p}.attention.self.value"), h, h, dev)?,
+                attn_out: linear(weights, &format!("{p}.attention.output.dense"), h, h, dev)?,
+                attn_norm: layer_norm(
+                    weights,
+                    &format!("{p}.attention.output.LayerNorm"),
+                    h,
+                    c.layer_norm_eps,
+                    dev,
+                )?,
+                intermediate: linear(
+                    weights,
+                    &format!("{p}.intermediate.dense"),
+                    c.intermediate_size,
+                    h,
+                    dev,
+                )?,
+                output: linear(
+                    weights,
+                    &format!("{p}.output.dense"),
+                    h,
+                    c.intermediate_size,
+                    dev,
+                )?,
+                out_norm: layer_norm(
+                    weights,
+                    &format!("{p}.output.LayerNorm"),
+                    h,
+                    c.layer_norm_eps,
+                    dev,
+                )?,
+            });
+        }
+        Ok(Self {
+            config: config.clone(),
+            word_embeddings,
+            position_embeddings,
+            token_type_row,
+            embed_norm,
+            layers,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &EncoderConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs the encoder over `inputs` (token ids, special tokens included)
+    /// and returns the last hidden states of all of them, packed in order:
+    /// `[sum of lengths, hidden]`.
+    pub fn forward(&self, inputs: &[&[u32]]) -> Result<Tensor> {
+        let c = &self.config;
+        let lens: Vec<usize> = inputs.iter().map(|ids| ids.len()).collect();
+        let total: usize = lens.iter().sum();
+        anyhow::ensure!(total > 0, "nothing to encode: every input is empty");
+        let max_tokens = c.max_tokens();
+        if let Some(long) = lens.iter().find(|&&n| n > max_tokens) {
+            anyhow::bail!("an input of {long} tokens is longer than the model's {max_tokens}");
+        }
+        let mut ids = Vec::with_capacity(total);
+        let mut positions = Vec::with_capacity(total);
+        for input in inputs {
+            if let Some(bad) = input.iter().find(|&&id| id as usize >= c.vocab_size) {
+                anyhow::bail!(
+                    "token id {bad} is outside the vocabulary of {} tokens",
+                    c.vocab_size
+                );
+            }
+            ids.extend_from_slice(input);
+            positions.extend((0..input.len()).map(|i| (i + c.position_offset()) as u32));
+        }
+        let ids = Tensor::from_vec(ids, total, &self.device)?;
+        let positions = Tensor::from_vec(positions, total, &self.device)?;
+        let embedded = self
+            .word_embeddings
+            .index_select(&ids, 0)?
+            .add(&self.position_embeddings.index_select(&positions, 0)?)?
+            .broadcast_add(&self.token_type_row)?;
+        let mut hidden = self.embed_norm.forward(&embedded)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            hidden = self
+                .layer_forward(layer, &hidden, &lens)
+                .with_context(|| format!("encoder layer {i}"))?;
+        }
+        Ok(hidden)
+    }
+
+    fn layer_forward(&self, layer: &Layer, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
+        let q = layer.query.forward(x)?;
+        let k = layer.key.forward(x)?;
+        let v = layer.value.forward(x)?;
+        let context = self.attention(&q, &k, &v, lens)?;
+        let attended = layer
+            .attn_norm
+            .forward(&layer.attn_out.forward(&context)?.add(x)?)?;
+        let inner = layer.intermediate.forward(&attended)?;
+        let inner = match self.config.activation {
+            Activation::Gelu => inner.gelu_erf()?,
+            Activation::GeluTanh => inner.gelu()?,
+            Activation::Relu => inner.relu()?,
+        };
+        let out = layer.output.forward(&inner)?.add(&attended)?;
+        Ok(layer.out_norm.forward(&out)?)
+    }
+
+    /// Scaled dot-product attention within each packed input.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Result<Tensor> {
+        let heads = self.config.num_heads;
+        let head_dim = self.config.hidden_size / heads;
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let mut outputs = Vec::with_capacity(lens.len());
+        let mut offset = 0;
+        for &len in lens {
+            // [len, hidden] -> [heads, len, head_dim]
+            let split = |t: &Tensor| -> Result<Tensor> {
+                Ok(t.narrow(0, offset, len)?
+                    .reshape((len, heads, head_dim))?
+                    .transpose(0, 1)?
+                    .contiguous()?)
+            };
+            let (qs, ks, vs) = (split(q)?, split(k)?, split(v)?);
+            let kt = ks.t()?;
+            let rows = (SCORE_BLOCK_ELEMENTS / (heads * len)).clamp(1, len);
+            let mut blocks = Vec::with_capacity(len.div_ceil(rows));
+            let mut start = 0;
+            while start < len {
+                let n = rows.min(len - start);
+                let scores = (qs.narrow(1, start, n)?.matmul(&kt)? * scale)?;
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                blocks.push(probs.matmul(&vs)?);
+                start += n;
+            }
+            let context = if blocks.len() == 1 {
+                blocks.pop().unwrap()
+            } else {
+                Tensor::cat(&blocks, 1)?
+            };
+            // [heads, len, head_dim] -> [len, hidden]
+            outputs.push(context.transpose(0, 1)?.reshape((len, heads * head_dim))?);
+            offset += len;
+        }
+        let out = if outputs.len() == 1 {
+            outputs.pop().unwrap()
+        } else {
+            Tensor::cat(&outputs, 0)?
+        };
+        Ok(out)
+    }
+}
+
+/// `x / max(‖x‖₂, 1e-12)` along the last dimension, as `torch.nn.functional.normalize`.
+pub fn l2_normalize(x: &Tensor) -> Result<Tensor> {
+    let norm = x
+        .sqr()?
+        .sum_keepdim(D::Minus1)?
+        .sqrt()?
+        .clamp(1e-12f32, f32::MAX)?;
+    Ok(x.broadcast_div(&norm)?)
+}

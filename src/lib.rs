@@ -1,0 +1,15 @@
+//! recall: local semantic memory for AI agents.
+//!
+//! The embedding runtime is [`Embedder`]: it loads a BGE-M3 (or other
+//! BERT-family sentence-transformers) model directory and gives dense,
+//! sparse and ColBERT embeddings. See ARCHITECTURE.md for the map.
+
+pub mod bench;
+pub mod embedder;
+pub mod encoder;
+pub mod heads;
+pub mod model;
+pub mod score;
+pub mod tokenize;
+
+pub use embedder::{Embedder, Embedding, LoadOptions, ModelInfo, Outputs, default_device};

@@ -1,0 +1,32 @@
+//! The `recall` command line.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RECALL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("recall=info"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .without_time()
+        .init();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // A closed pipe (`recall embed ... | head`) is not an error.
+            if err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

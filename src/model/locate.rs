@@ -1,0 +1,164 @@
+//! Where a model comes from: `--model DIR`, then `RECALL_MODEL`, then the
+//! Hugging Face hub cache. Nothing here touches the network.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+/// The model recall uses when none is named.
+pub const DEFAULT_REPO: &str = "BAAI/bge-m3";
+/// The BAAI/bge-m3 revision recall is tested against.
+pub const DEFAULT_REVISION: &str = "5617a9f61b028005a4858fdac845db406aefb181";
+
+/// How the model directory was chosen, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Flag,
+    Env,
+    HubCache { revision: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Located {
+    pub dir: PathBuf,
+    pub origin: Origin,
+}
+
+/// The Hugging Face hub cache: `$HF_HUB_CACHE`, `$HF_HOME/hub`, or `~/.cache/huggingface/hub`.
+pub fn hub_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("HF_HUB_CACHE").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(home) = std::env::var_os("HF_HOME").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(home).join("hub"));
+    }
+    home_dir().map(|h| h.join(".cache").join("huggingface").join("hub"))
+}
+
+pub fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// recall's own cache (converted weights): `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.
+pub fn recall_cache_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("RECALL_CACHE_DIR").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir).join("recall"));
+    }
+    Ok(home_dir()
+        .context("cannot find a cache directory: set RECALL_CACHE_DIR or HOME")?
+        .join(".cache")
+        .join("recall"))
+}
+
+/// Resolves the model directory: `flag`, then `RECALL_MODEL`, then BAAI/bge-m3 in the hub cache.
+pub fn locate(flag: Option<&Path>) -> Result<Located> {
+    if let Some(dir) = flag {
+        return checked(dir, Origin::Flag, "--model");
+    }
+    if let Some(dir) = std::env::var_os("RECALL_MODEL").filter(|v| !v.is_empty()) {
+        return checked(Path::new(&dir), Origin::Env, "RECALL_MODEL");
+    }
+    let cache = hub_cache_dir();
+    if let Some(cache) = &cache
+        && let Some((dir, revision)) = hub_snapshot(cache, DEFAULT_REPO)?
+    {
+        return Ok(Located {
+            dir,
+            origin: Origin::HubCache { revision },
+        });
+    }
+    let looked = cache
+        .map(|c| format!(" (looked in {})", c.display()))
+        .unwrap_or_default();
+    bail!(
+        "no model found: pass --model DIR or set RECALL_MODEL to a model directory, \
+         or put {DEFAULT_REPO} in the Hugging Face cache{looked}, \
+         e.g. `huggingface-cli download {DEFAULT_REPO} --revision {DEFAULT_REVISION}`"
+    )
+}
+
+fn checked(dir: &Path, origin: Origin, what: &str) -> Result<Located> {
+    if !dir.is_dir() {
+        bail!("{what} {}: no such directory", dir.display());
+    }
+    Ok(Located {
+        dir: dir.to_path_buf(),
+        origin,
+    })
+}
+
+/// The snapshot directory of `repo` in a hub cache: the one `refs/main`
+/// points to, else the pinned default revision, else the only one there.
+pub fn hub_snapshot(cache: &Path, repo: &str) -> Result<Option<(PathBuf, String)>> {
+    let root = cache.join(format!("models--{}", repo.replace('/', "--")));
+    let snapshots = root.join("snapshots");
+    if !snapshots.is_dir() {
+        return Ok(None);
+    }
+    let usable = |rev: &str| {
+        let dir = snapshots.join(rev);
+        dir.join("config.json")
+            .exists()
+            .then_some((dir, rev.to_string()))
+    };
+    if let Ok(rev) = std::fs::read_to_string(root.join("refs").join("main"))
+        && let Some(found) = usable(rev.trim())
+    {
+        return Ok(Some(found));
+    }
+    if let Some(found) = usable(DEFAULT_REVISION) {
+        return Ok(Some(found));
+    }
+    let mut revisions: Vec<String> = std::fs::read_dir(&snapshots)
+        .with_context(|| format!("cannot list {}", snapshots.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|rev| usable(rev).is_some())
+        .collect();
+    revisions.sort();
+    match revisions.as_slice() {
+        [] => Ok(None),
+        [only] => Ok(usable(only)),
+        many => bail!(
+            "{} holds several snapshots ({}) and no refs/main: pass --model with the one to use",
+            snapshots.display(),
+            many.join(", ")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_follows_refs_main() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("models--BAAI--bge-m3");
+        for rev in ["aaa", "bbb"] {
+            let dir = root.join("snapshots").join(rev);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("config.json"), "{}").unwrap();
+        }
+        assert!(
+            hub_snapshot(tmp.path(), DEFAULT_REPO).is_err(),
+            "ambiguous without refs/main"
+        );
+        std::fs::create_dir_all(root.join("refs")).unwrap();
+        std::fs::write(root.join("refs").join("main"), "bbb\n").unwrap();
+        let (dir, rev) = hub_snapshot(tmp.path(), DEFAULT_REPO).unwrap().unwrap();
+        assert_eq!(rev, "bbb");
+        assert!(dir.ends_with("snapshots/bbb"));
+    }
+
+    #[test]
+    fn missing_cache_is_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(hub_snapshot(tmp.path(), DEFAULT_REPO).unwrap().is_none());
+    }
+}

@@ -1,0 +1,219 @@
+//! Reading tensors from `model.safetensors` (memory-mapped) and PyTorch
+//! checkpoints (`pytorch_model.bin`, `*.pt`), with every error naming the file.
+//!
+//! Tensors are copied out of the map into f32 tensors, and each copied range
+//! of the map is released at once, so loading peaks near one copy of the
+//! weights rather than two.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+
+enum Source {
+    Safetensors {
+        map: Mmap,
+        tensors: HashMap<String, SafeInfo>,
+    },
+    Pth(candle_core::pickle::PthTensors),
+}
+
+struct SafeInfo {
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Byte range inside the map.
+    range: (usize, usize),
+}
+
+/// A file of named tensors.
+pub struct Weights {
+    path: PathBuf,
+    source: Source,
+    /// Prefix that the checkpoint puts before every name (`roberta.`, `bert.`), if any.
+    prefix: String,
+}
+
+impl Weights {
+    /// Opens a `.safetensors` file (memory-mapped) or a PyTorch checkpoint.
+    pub fn open(path: &Path) -> Result<Self> {
+        let is_safetensors = path.extension().is_some_and(|e| e == "safetensors");
+        let source = if is_safetensors {
+            open_safetensors(path)?
+        } else {
+            let pth = candle_core::pickle::PthTensors::new(path, None).map_err(|e| {
+                anyhow::anyhow!("{}: not a readable PyTorch checkpoint: {e}", path.display())
+            })?;
+            Source::Pth(pth)
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            source,
+            prefix: String::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        match &self.source {
+            Source::Safetensors { tensors, .. } => tensors.keys().cloned().collect(),
+            Source::Pth(p) => p.tensor_infos().keys().cloned().collect(),
+        }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        match &self.source {
+            Source::Safetensors { tensors, .. } => tensors.contains_key(name),
+            Source::Pth(p) => p.tensor_infos().contains_key(name),
+        }
+    }
+
+    /// Finds the prefix under which `probe` is stored (`""`, `roberta.`,
+    /// `bert.`, `model.`), so that `get` can use the bare names.
+    pub fn detect_prefix(&mut self, probe: &str) -> Result<()> {
+        for prefix in ["", "roberta.", "bert.", "model.", "xlm_roberta."] {
+            if self.contains(&format!("{prefix}{probe}")) {
+                self.prefix = prefix.to_string();
+                return Ok(());
+            }
+        }
+        bail!(
+            "{}: no tensor `{probe}`; this is not a BERT or XLM-RoBERTa checkpoint",
+            self.path.display()
+        )
+    }
+
+    /// The tensor `name` as f32 on `device`, checked to have `shape`.
+    pub fn get(&self, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let full = format!("{}{name}", self.prefix);
+        let tensor = match &self.source {
+            Source::Safetensors { map, tensors } => {
+                let info = tensors
+                    .get(&full)
+                    .with_context(|| format!("{}: missing tensor `{full}`", self.path.display()))?;
+                check_shape(&self.path, &full, &info.shape, shape)?;
+                let (start, end) = info.range;
+                let t = Tensor::from_raw_buffer(
+                    &map[start..end],
+                    info.dtype,
+                    &info.shape,
+                    &Device::Cpu,
+                )
+                .and_then(|t| t.to_dtype(DType::F32))
+                .with_context(|| format!("{}: cannot read tensor `{full}`", self.path.display()))?;
+                release(map, start, end);
+                t
+            }
+            Source::Pth(pth) => {
+                let t = pth
+                    .get(&full)
+                    .with_context(|| {
+                        format!("{}: cannot read tensor `{full}`", self.path.display())
+                    })?
+                    .with_context(|| format!("{}: missing tensor `{full}`", self.path.display()))?;
+                check_shape(&self.path, &full, t.dims(), shape)?;
+                t.to_dtype(DType::F32)?
+            }
+        };
+        Ok(tensor.to_device(device)?)
+    }
+
+    /// The shape of `name`, if the file has it.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        let full = format!("{}{name}", self.prefix);
+        match &self.source {
+            Source::Safetensors { tensors, .. } => tensors.get(&full).map(|i| i.shape.clone()),
+            Source::Pth(p) => p
+                .tensor_infos()
+                .get(&full)
+                .map(|i| i.layout.dims().to_vec()),
+        }
+    }
+}
+
+fn check_shape(path: &Path, name: &str, found: &[usize], expected: &[usize]) -> Result<()> {
+    if found != expected {
+        bail!(
+            "{}: tensor `{name}` has shape {found:?}, but the config needs {expected:?}",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn open_safetensors(path: &Path) -> Result<Source> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: the map is read-only; a file truncated under us would fault,
+    // which is the same risk every mmap-based model loader takes.
+    let map =
+        unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
+    let parsed = SafeTensors::deserialize(&map).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a valid safetensors file (truncated or corrupt?): {e}",
+            path.display()
+        )
+    })?;
+    let mut tensors = HashMap::new();
+    for (name, view) in parsed.tensors() {
+        let dtype = match view.dtype() {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::F64 => DType::F64,
+            // Integer buffers (e.g. `position_ids`) are never read as weights.
+            _ => continue,
+        };
+        let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+        tensors.insert(
+            name,
+            SafeInfo {
+                dtype,
+                shape: view.shape().to_vec(),
+                range: (start, start + view.data().len()),
+            },
+        );
+    }
+    Ok(Source::Safetensors { map, tensors })
+}
+
+/// Tells the kernel that the copied pages of the map are no longer needed,
+/// so they stop counting towards the process's memory.
+fn release(map: &Mmap, start: usize, end: usize) {
+    const PAGE: usize = 4096;
+    let first = start.div_ceil(PAGE) * PAGE;
+    let last = end / PAGE * PAGE;
+    if last > first {
+        // SAFETY: the map is private and read-only; dropped pages are read
+        // again from the file if anything touches them later.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first)
+        };
+    }
+}
+
+/// Writes every tensor of a PyTorch checkpoint into a safetensors file,
+/// atomically (a temporary file renamed into place).
+pub fn convert_pth_to_safetensors(src: &Path, dst: &Path) -> Result<()> {
+    let tensors = candle_core::pickle::read_all(src).map_err(|e| {
+        anyhow::anyhow!("{}: not a readable PyTorch checkpoint: {e}", src.display())
+    })?;
+    if tensors.is_empty() {
+        bail!("{}: the checkpoint holds no tensors", src.display());
+    }
+    let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+    let dir = dst
+        .parent()
+        .context("conversion target has no parent directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = dst.with_extension(format!("tmp{}", std::process::id()));
+    candle_core::safetensors::save(&map, &tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, dst).with_context(|| format!("cannot move into {}", dst.display()))?;
+    Ok(())
+}

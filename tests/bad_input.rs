@@ -1,0 +1,204 @@
+//! Broken model directories and bad input: a clear error naming the problem, never a panic.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+fn load_error(dir: &Path) -> String {
+    let cache = tempfile::tempdir().unwrap();
+    match load(dir, cache.path()) {
+        Ok(_) => panic!("{} loaded, but it is broken", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+fn assert_contains(haystack: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(
+            haystack.contains(needle),
+            "expected {needle:?} in: {haystack}"
+        );
+    }
+}
+
+#[test]
+fn missing_head_is_refused() {
+    let (_tmp, dir) = tiny_model_copy(&["sparse_linear.pt"]);
+    assert_contains(
+        &load_error(&dir),
+        &["missing sparse_linear.pt", "random heads"],
+    );
+    let (_tmp, dir) = tiny_model_copy(&["sparse_linear.pt", "colbert_linear.pt"]);
+    assert_contains(&load_error(&dir), &["missing colbert_linear.pt"]);
+}
+
+#[test]
+fn missing_files_are_named() {
+    let (_tmp, dir) = tiny_model_copy(&["config.json"]);
+    assert_contains(&load_error(&dir), &["missing config.json"]);
+    let (_tmp, dir) = tiny_model_copy(&["tokenizer.json"]);
+    assert_contains(&load_error(&dir), &["missing tokenizer.json"]);
+    let (_tmp, dir) = tiny_model_copy(&["model.safetensors", "pytorch_model.bin"]);
+    assert_contains(
+        &load_error(&dir),
+        &["no weights", "model.safetensors or pytorch_model.bin"],
+    );
+}
+
+#[test]
+fn truncated_safetensors_is_named() {
+    let (_tmp, dir) = tiny_model_copy(&["pytorch_model.bin"]);
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_contains(
+        &load_error(&dir),
+        &["model.safetensors", "not a valid safetensors file"],
+    );
+}
+
+#[test]
+fn truncated_pytorch_checkpoint_is_named() {
+    let (_tmp, dir) = tiny_model_copy(&["model.safetensors"]);
+    let path = dir.join("pytorch_model.bin");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 3]).unwrap();
+    assert_contains(
+        &load_error(&dir),
+        &["pytorch_model.bin", "not a readable PyTorch checkpoint"],
+    );
+}
+
+#[test]
+fn corrupt_head_is_named() {
+    let (_tmp, dir) = tiny_model_copy(&[]);
+    std::fs::write(dir.join("colbert_linear.pt"), b"not a checkpoint").unwrap();
+    assert_contains(&load_error(&dir), &["colbert_linear.pt"]);
+}
+
+#[test]
+fn wrong_weight_shape_is_named() {
+    let (_tmp, dir) = tiny_model_copy(&["pytorch_model.bin"]);
+    let path = dir.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+    let name = "encoder.layer.1.attention.self.key.weight";
+    let narrowed = tensors[name].narrow(0, 0, 16).unwrap();
+    tensors.insert(name.to_string(), narrowed);
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    assert_contains(
+        &load_error(&dir),
+        &["model.safetensors", name, "[16, 32]", "[32, 32]"],
+    );
+}
+
+#[test]
+fn unsupported_config_is_named() {
+    let (_tmp, dir) = tiny_model_copy(&[]);
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        config.replace("\"xlm-roberta\"", "\"llama\""),
+    )
+    .unwrap();
+    assert_contains(
+        &load_error(&dir),
+        &["config.json", "model_type \"llama\"", "XLM-RoBERTa"],
+    );
+    std::fs::write(dir.join("config.json"), "{ not json").unwrap();
+    assert_contains(&load_error(&dir), &["config.json", "not valid JSON"]);
+}
+
+/// Runs the `recall` binary with `stdin`, returning (success, stdout, stderr).
+fn recall(args: &[&str], stdin: &[u8]) -> (bool, String, String) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args(args)
+        .env("RECALL_CACHE_DIR", cache.path())
+        .env_remove("RECALL_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
+
+#[test]
+fn cli_rejects_empty_and_invalid_input() {
+    let model = tiny_model_dir();
+    let model = model.to_str().unwrap();
+    let (ok, _, err) = recall(&["embed", "--model", model], b"");
+    assert!(!ok);
+    assert_contains(&err, &["no input"]);
+    let (ok, _, err) = recall(&["embed", "--model", model], b"fine\n\xc3\x28 broken\n");
+    assert!(!ok);
+    assert_contains(&err, &["line 2", "not valid UTF-8"]);
+    let (ok, _, err) = recall(&["embed", "--model", "/nonexistent/model"], b"x\n");
+    assert!(!ok);
+    assert_contains(&err, &["/nonexistent/model", "no such directory"]);
+    let (ok, _, err) = recall(&["embed", "--model", model, "--max-length", "0", "x"], b"");
+    assert!(!ok);
+    assert_contains(&err, &["--max-length"]);
+}
+
+#[test]
+fn cli_embeds_stdin_as_json_lines() {
+    let model = tiny_model_dir();
+    let (ok, out, err) = recall(
+        &[
+            "embed",
+            "--model",
+            model.to_str().unwrap(),
+            "--sparse",
+            "--colbert",
+        ],
+        "first line\n第二行\n".as_bytes(),
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1]["index"], 1);
+    assert_eq!(lines[0]["dense"].as_array().unwrap().len(), 32);
+    let tokens = lines[0]["tokens"].as_u64().unwrap() as usize;
+    assert_eq!(lines[0]["colbert"].as_array().unwrap().len(), tokens - 1);
+    let sparse = lines[0]["sparse"].as_array().unwrap();
+    assert!(!sparse.is_empty());
+    assert!(sparse.iter().all(|s| s["id"].is_u64()
+        && s["token"].is_string()
+        && s["weight"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
+fn cli_reports_truncation() {
+    let model = tiny_model_dir();
+    let (ok, out, err) = recall(
+        &[
+            "embed",
+            "--model",
+            model.to_str().unwrap(),
+            "--max-length",
+            "4",
+            "a b c d e f g",
+            "a",
+        ],
+        b"",
+    );
+    assert!(ok, "{err}");
+    assert_contains(&err, &["1 of 2 inputs", "truncated"]);
+    assert!(out.lines().next().unwrap().contains("\"truncated\":true"));
+}

