@@ -144,7 +144,7 @@ impl Embedder {
             Some(dir) => dir.clone(),
             None => crate::model::locate::recall_cache_dir()?,
         };
-        let (weights_path, converted) = files.safetensors_weights(&cache_dir)?;
+        let (weights_path, converted) = files.safetensors_weights(&cache_dir, |_, _| {})?;
         let mut weights = Weights::open(&weights_path)?;
         let encoder = Encoder::load(&files.encoder, &mut weights, &options.device)
             .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod embed;
+mod model;
 
 use std::path::PathBuf;
 
@@ -32,6 +33,8 @@ enum Command {
     Embed(embed::EmbedArgs),
     /// Measure encoder throughput and memory on fixed batch × length shapes.
     Bench(bench::BenchArgs),
+    /// Get, move and check models: fetch, export, import, verify, list, info.
+    Model(model::ModelCommand),
 }
 
 /// Options shared by every command that loads a model.
@@ -46,18 +49,21 @@ pub struct ModelArgs {
     /// Tokens packed into one forward pass.
     #[arg(long, value_name = "N", default_value_t = 16_384)]
     batch_tokens: usize,
+    /// Never download: without a model on disk, say how to bring one. Also HF_HUB_OFFLINE=1.
+    #[arg(long)]
+    offline: bool,
 }
 
 impl ModelArgs {
     pub fn load(&self) -> Result<Embedder> {
-        let located = recall::model::locate::locate(self.model.as_deref())?;
+        let dir = self.model_dir()?;
         let options = LoadOptions {
             max_length: self.max_length,
             max_batch_tokens: self.batch_tokens,
             device: recall::default_device()?,
             cache_dir: None,
         };
-        let embedder = Embedder::load(&located.dir, &options)?;
+        let embedder = Embedder::load(&dir, &options)?;
         let info = embedder.info();
         tracing::debug!(
             "loaded {} ({}, {} dims) from {} in {:.2}s",
@@ -71,9 +77,35 @@ impl ModelArgs {
     }
 }
 
+impl ModelArgs {
+    /// The model directory; with none on disk and none named, BAAI/bge-m3 is
+    /// fetched now (first use), unless offline.
+    fn model_dir(&self) -> Result<PathBuf> {
+        use recall::model::{hub, locate};
+        let named =
+            self.model.is_some() || std::env::var_os("RECALL_MODEL").is_some_and(|v| !v.is_empty());
+        match locate::locate(self.model.as_deref()) {
+            Ok(located) => Ok(located.dir),
+            Err(err) if named => Err(err),
+            Err(_) if self.offline || hub::offline_from_env() => {
+                let cache = locate::hub_cache_dir().unwrap_or_default();
+                anyhow::bail!(hub::offline_message(&cache))
+            }
+            Err(_) => {
+                eprintln!(
+                    "no model on disk: fetching {} (about 2.3 GB, once) into the Hugging Face cache",
+                    locate::DEFAULT_REPO
+                );
+                model::fetch_default(locate::DEFAULT_REVISION, 3)
+            }
+        }
+    }
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Embed(args) => embed::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Model(cmd) => model::run(cmd),
     }
 }

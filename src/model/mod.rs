@@ -1,7 +1,10 @@
 //! A model directory in Hugging Face layout, checked and opened.
 
+pub mod archive;
 pub mod config;
+pub mod hub;
 pub mod locate;
+pub mod manifest;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -99,7 +102,11 @@ impl ModelFiles {
     /// The weights to memory-map: the directory's `model.safetensors`, or a
     /// safetensors copy of `pytorch_model.bin` in recall's cache, written on
     /// first use. Returns the path and whether a conversion ran now.
-    pub fn safetensors_weights(&self, cache_dir: &Path) -> Result<(PathBuf, bool)> {
+    pub fn safetensors_weights(
+        &self,
+        cache_dir: &Path,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<(PathBuf, bool)> {
         if self.weights.extension().is_some_and(|e| e == "safetensors") {
             return Ok((self.weights.clone(), false));
         }
@@ -113,7 +120,7 @@ impl ModelFiles {
             self.weights.display(),
             cached.display()
         );
-        weights::convert_pth_to_safetensors(&self.weights, &cached)?;
+        weights::convert_pth_to_safetensors(&self.weights, &cached, progress)?;
         tracing::info!("converted in {:.1}s", started.elapsed().as_secs_f64());
         Ok((cached, true))
     }

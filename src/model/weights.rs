@@ -198,15 +198,31 @@ fn release(map: &Mmap, start: usize, end: usize) {
 }
 
 /// Writes every tensor of a PyTorch checkpoint into a safetensors file,
-/// atomically (a temporary file renamed into place).
-pub fn convert_pth_to_safetensors(src: &Path, dst: &Path) -> Result<()> {
-    let tensors = candle_core::pickle::read_all(src).map_err(|e| {
+/// atomically (a temporary file renamed into place). `progress` gets
+/// (tensors read, tensors in all).
+pub fn convert_pth_to_safetensors(
+    src: &Path,
+    dst: &Path,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<()> {
+    let unreadable = |e: candle_core::Error| {
         anyhow::anyhow!("{}: not a readable PyTorch checkpoint: {e}", src.display())
-    })?;
-    if tensors.is_empty() {
+    };
+    let pth = candle_core::pickle::PthTensors::new(src, None).map_err(unreadable)?;
+    let mut names: Vec<&String> = pth.tensor_infos().keys().collect();
+    if names.is_empty() {
         bail!("{}: the checkpoint holds no tensors", src.display());
     }
-    let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+    names.sort();
+    let mut map = HashMap::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let tensor = pth
+            .get(name)
+            .map_err(unreadable)?
+            .with_context(|| format!("{}: lost tensor `{name}`", src.display()))?;
+        map.insert(name.to_string(), tensor);
+        progress(i + 1, names.len());
+    }
     let dir = dst
         .parent()
         .context("conversion target has no parent directory")?;

@@ -1,0 +1,363 @@
+//! `recall model`: fetch, export, import, verify, list and describe models.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use recall::model::archive::{self, ImportSource};
+use recall::model::hub::{self, BGE_M3_FILES, HubOptions};
+use recall::model::locate::{self, DEFAULT_REPO, DEFAULT_REVISION, Origin};
+use recall::model::manifest::{Manifest, manifest_path};
+use recall::model::{ModelFiles, locate::Located};
+
+#[derive(Args)]
+pub struct ModelCommand {
+    #[command(subcommand)]
+    command: ModelSub,
+}
+
+#[derive(Subcommand)]
+enum ModelSub {
+    /// Download BAAI/bge-m3 into the Hugging Face cache (honours HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE),
+    /// check it, and convert its weights to safetensors once.
+    Fetch {
+        /// Revision (commit) to fetch.
+        #[arg(long, default_value = DEFAULT_REVISION)]
+        revision: String,
+        /// Retries of a broken transfer, each resuming where it stopped.
+        #[arg(long, default_value_t = 3)]
+        retries: usize,
+    },
+    /// Write the model and its manifest into one tar file, for a machine without network.
+    Export {
+        /// The tar file to write.
+        file: PathBuf,
+        /// Model directory. Default: as `recall embed` finds it.
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+    },
+    /// Check and install a model from a tar written by `export`, or from a model directory copied by hand.
+    Import {
+        /// A .tar from `recall model export`, or a model directory.
+        source: PathBuf,
+        /// For a directory without manifest.json: the repository it is a copy of.
+        #[arg(long, default_value = DEFAULT_REPO)]
+        repo: String,
+        /// For a directory without manifest.json: its revision. Default: the directory's name if it is a
+        /// commit hash, else "local".
+        #[arg(long)]
+        revision: Option<String>,
+    },
+    /// Check every file of the model against its manifest (sizes and SHA-256).
+    Verify {
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+    },
+    /// The models in the Hugging Face cache that recall can use, and which one is the default.
+    List,
+    /// Load the model and describe it: where, revision, size, dimensions, outputs.
+    Info {
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+    },
+}
+
+fn progress_bar(len: u64, template: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(template)
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Downloads the default model and converts its weights, printing each step.
+pub fn fetch_default(revision: &str, retries: usize) -> Result<PathBuf> {
+    let mut options = HubOptions::from_env()?;
+    options.progress = std::io::stderr().is_terminal();
+    options.retries = retries;
+    let cache = locate::recall_cache_dir()?;
+    let fetched = hub::fetch(
+        DEFAULT_REPO,
+        revision,
+        &BGE_M3_FILES,
+        &options,
+        &cache,
+        |line| eprintln!("{line}"),
+    )?;
+    eprintln!(
+        "{} in {} ({:.2} GB downloaded now)",
+        if fetched.downloaded > 0 {
+            "fetched"
+        } else {
+            "already present"
+        },
+        fetched.dir.display(),
+        fetched.downloaded as f64 / 1e9
+    );
+    convert(&fetched.dir, &cache)?;
+    Ok(fetched.dir)
+}
+
+fn convert(dir: &Path, cache: &Path) -> Result<()> {
+    let files = ModelFiles::inspect(dir)?;
+    let bar = progress_bar(
+        0,
+        "converting to safetensors [{bar:40}] {pos}/{len} tensors ({elapsed})",
+    );
+    let (path, converted) = files.safetensors_weights(cache, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    if converted {
+        eprintln!("converted the weights once to {}", path.display());
+    }
+    Ok(())
+}
+
+/// The manifest that describes `located`: recall's record for a hub
+/// snapshot, or the directory's own `manifest.json`.
+fn manifest_of(located: &Located) -> Result<Option<Manifest>> {
+    if let Origin::HubCache { revision } = &located.origin {
+        let path = manifest_path(&locate::recall_cache_dir()?, DEFAULT_REPO, revision);
+        if path.is_file() {
+            return Manifest::read(&path).map(Some);
+        }
+    }
+    let own = located.dir.join("manifest.json");
+    if own.is_file() {
+        Manifest::read(&own).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn revision_of(located: &Located) -> String {
+    match &located.origin {
+        Origin::HubCache { revision } => revision.clone(),
+        _ => dir_revision(&located.dir),
+    }
+}
+
+fn dir_revision(dir: &Path) -> String {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if name.len() == 40 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        name
+    } else {
+        "local".into()
+    }
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    walk(dir)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p))
+            } else {
+                out.push(p)
+            }
+        }
+    }
+    out
+}
+
+pub fn run(cmd: ModelCommand) -> Result<()> {
+    match cmd.command {
+        ModelSub::Fetch { revision, retries } => {
+            if hub::offline_from_env() {
+                bail!(
+                    "HF_HUB_OFFLINE is set: recall will not download. Unset it, or import the model with `recall model import`"
+                );
+            }
+            let dir = fetch_default(&revision, retries)?;
+            println!("{}", dir.display());
+        }
+        ModelSub::Export { file, model } => {
+            let located = locate::locate(model.as_deref())?;
+            let manifest = match manifest_of(&located)? {
+                Some(m) => m,
+                None => {
+                    let files: Vec<&str> = BGE_M3_FILES
+                        .iter()
+                        .copied()
+                        .chain(["model.safetensors"])
+                        .filter(|f| located.dir.join(f).is_file())
+                        .collect();
+                    Manifest::of_dir(&located.dir, DEFAULT_REPO, &revision_of(&located), &files)?
+                }
+            };
+            let wrong = manifest.verify(&located.dir)?;
+            if let Some(w) = wrong.first() {
+                bail!(
+                    "{}: {} does not match its manifest ({}); run `recall model verify`",
+                    located.dir.display(),
+                    w.path,
+                    w.problem
+                );
+            }
+            eprintln!(
+                "writing {} files ({:.2} GB) to {}",
+                manifest.files.len(),
+                manifest.total_size() as f64 / 1e9,
+                file.display()
+            );
+            archive::export(&located.dir, &manifest, &file)?;
+            println!("{}", file.display());
+        }
+        ModelSub::Import {
+            source,
+            repo,
+            revision,
+        } => {
+            let hub_cache = locate::hub_cache_dir()
+                .context("cannot find the Hugging Face cache: set HF_HUB_CACHE")?;
+            let recall_cache = locate::recall_cache_dir()?;
+            let revision = revision.unwrap_or_else(|| dir_revision(&source));
+            let from = if source.is_dir() {
+                ImportSource::Dir {
+                    dir: &source,
+                    repo: &repo,
+                    revision: &revision,
+                }
+            } else if source.is_file() {
+                ImportSource::Tar(&source)
+            } else {
+                bail!("{}: no such file or directory", source.display());
+            };
+            let (dir, manifest) = archive::import(from, &hub_cache, &recall_cache)?;
+            eprintln!(
+                "verified {} files ({:.2} GB)",
+                manifest.files.len(),
+                manifest.total_size() as f64 / 1e9
+            );
+            convert(&dir, &recall_cache)?;
+            println!("{}", dir.display());
+        }
+        ModelSub::Verify { model } => {
+            let located = locate::locate(model.as_deref())?;
+            let manifest = manifest_of(&located)?.with_context(|| {
+                format!(
+                    "no manifest recorded for {}: recall records one when it fetches or imports a model",
+                    located.dir.display()
+                )
+            })?;
+            let wrong = manifest.verify(&located.dir)?;
+            for entry in &manifest.files {
+                match wrong.iter().find(|w| w.path == entry.path) {
+                    Some(w) => println!("WRONG {}: {}", entry.path, w.problem),
+                    None => println!("ok    {}", entry.path),
+                }
+            }
+            if !wrong.is_empty() {
+                bail!(
+                    "{} of {} files are wrong: run `recall model fetch` again (it re-downloads what is missing or \
+                     wrong after you delete it), or import a good copy",
+                    wrong.len(),
+                    manifest.files.len()
+                );
+            }
+            eprintln!("all {} files match the manifest", manifest.files.len());
+        }
+        ModelSub::List => {
+            let hub_cache =
+                locate::hub_cache_dir().context("cannot find the Hugging Face cache")?;
+            let default = locate::locate(None).ok();
+            let mut any = false;
+            for entry in std::fs::read_dir(&hub_cache)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(repo) = name.strip_prefix("models--").map(|r| r.replace("--", "/")) else {
+                    continue;
+                };
+                for snap in std::fs::read_dir(entry.path().join("snapshots"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let dir = snap.path();
+                    let Ok(files) = ModelFiles::inspect(&dir) else {
+                        continue;
+                    };
+                    any = true;
+                    let is_default = default.as_ref().is_some_and(|d| d.dir == dir);
+                    println!(
+                        "{} {repo}@{} {:.2} GB {} dims, {} {}",
+                        if is_default { "*" } else { " " },
+                        snap.file_name().to_string_lossy(),
+                        dir_size(&dir) as f64 / 1e9,
+                        files.encoder.hidden_size,
+                        if files.heads.is_some() {
+                            "dense+sparse+colbert"
+                        } else {
+                            "dense"
+                        },
+                        dir.display()
+                    );
+                }
+            }
+            if !any {
+                println!(
+                    "no usable model in {} (fetch one with `recall model fetch`)",
+                    hub_cache.display()
+                );
+            }
+        }
+        ModelSub::Info { model } => {
+            let located = locate::locate(model.as_deref())?;
+            let embedder = recall::Embedder::load(&located.dir, &recall::LoadOptions::default())?;
+            let info = embedder.info();
+            let outputs = if info.sparse {
+                "dense, sparse, colbert"
+            } else {
+                "dense"
+            };
+            println!("model:       {}", located.dir.display());
+            println!(
+                "found by:    {}",
+                match &located.origin {
+                    Origin::Flag => "--model".to_string(),
+                    Origin::Env => "RECALL_MODEL".to_string(),
+                    Origin::HubCache { .. } => "Hugging Face cache (default)".to_string(),
+                }
+            );
+            println!("revision:    {}", revision_of(&located));
+            println!("type:        {}", info.model_type);
+            println!("size:        {:.2} GB", dir_size(&located.dir) as f64 / 1e9);
+            println!("weights:     {}", info.weights.display());
+            println!(
+                "dimensions:  {}{}",
+                info.dense_dim,
+                info.colbert_dim
+                    .map(|d| format!(" (colbert {d})"))
+                    .unwrap_or_default()
+            );
+            println!("outputs:     {outputs}");
+            println!("max length:  {} tokens", info.model_max_length);
+            println!("loaded in:   {:.2}s", info.load_time.as_secs_f64());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! What a model's files must be: their sizes and SHA-256, recorded at fetch
+//! or export time and checked by `recall model verify` and `import`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Relative path inside the model directory, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    pub repo: String,
+    pub revision: String,
+    pub files: Vec<FileEntry>,
+}
+
+/// One file that does not match its manifest entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub path: String,
+    pub problem: String,
+}
+
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+    }
+    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A 64-digit hex string: the hub's LFS ETag is the file's SHA-256.
+pub fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+impl Manifest {
+    /// Hashes `files` (relative paths) under `dir`.
+    pub fn of_dir(dir: &Path, repo: &str, revision: &str, files: &[&str]) -> Result<Self> {
+        let mut entries = Vec::with_capacity(files.len());
+        for rel in files {
+            let path = dir.join(rel);
+            let size = std::fs::metadata(&path)
+                .with_context(|| format!("missing {}", path.display()))?
+                .len();
+            entries.push(FileEntry {
+                path: rel.to_string(),
+                size,
+                sha256: sha256_file(&path)?,
+            });
+        }
+        Ok(Self {
+            repo: repo.to_string(),
+            revision: revision.to_string(),
+            files: entries,
+        })
+    }
+
+    /// Checks every file under `dir`; returns the ones that are wrong.
+    pub fn verify(&self, dir: &Path) -> Result<Vec<Mismatch>> {
+        let mut wrong = Vec::new();
+        for entry in &self.files {
+            let path = dir.join(&entry.path);
+            let problem = match std::fs::metadata(&path) {
+                Err(_) => Some("missing".to_string()),
+                Ok(m) if m.len() != entry.size => {
+                    Some(format!("size {} bytes, expected {}", m.len(), entry.size))
+                }
+                Ok(_) => {
+                    let got = sha256_file(&path)?;
+                    (got != entry.sha256)
+                        .then(|| format!("SHA-256 {got}, expected {}", entry.sha256))
+                }
+            };
+            if let Some(problem) = problem {
+                wrong.push(Mismatch {
+                    path: entry.path.clone(),
+                    problem,
+                });
+            }
+        }
+        Ok(wrong)
+    }
+
+    pub fn total_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a recall model manifest", path.display()))?;
+        for f in &manifest.files {
+            if f.path
+                .split('/')
+                .any(|part| part.is_empty() || part == "." || part == "..")
+                || f.path.starts_with('/')
+            {
+                bail!("{}: unsafe file path {:?}", path.display(), f.path);
+            }
+        }
+        Ok(manifest)
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(())
+    }
+}
+
+/// Where recall keeps the manifest of `repo` at `revision`.
+pub fn manifest_path(cache_dir: &Path, repo: &str, revision: &str) -> PathBuf {
+    cache_dir
+        .join("manifests")
+        .join(format!("models--{}", repo.replace('/', "--")))
+        .join(format!("{revision}.json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_names_the_wrong_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("a"), b"hello").unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("d/b"), b"world").unwrap();
+        let m = Manifest::of_dir(tmp.path(), "x/y", "rev", &["a", "d/b"]).unwrap();
+        assert!(m.verify(tmp.path()).unwrap().is_empty());
+        std::fs::write(tmp.path().join("d/b"), b"worle").unwrap();
+        let wrong = m.verify(tmp.path()).unwrap();
+        assert_eq!(wrong.len(), 1);
+        assert_eq!(wrong[0].path, "d/b");
+        assert!(wrong[0].problem.starts_with("SHA-256"));
+        std::fs::remove_file(tmp.path().join("a")).unwrap();
+        assert_eq!(m.verify(tmp.path()).unwrap()[0].problem, "missing");
+    }
+
+    #[test]
+    fn unsafe_paths_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bad = Manifest {
+            repo: "r".into(),
+            revision: "v".into(),
+            files: vec![FileEntry {
+                path: "../etc/passwd".into(),
+                size: 1,
+                sha256: "0".into(),
+            }],
+        };
+        let path = tmp.path().join("m.json");
+        bad.write(&path).unwrap();
+        assert!(Manifest::read(&path).is_err());
+    }
+}

@@ -1,0 +1,383 @@
+//! `recall model fetch/export/import/verify` and first-use fetching, against
+//! a local HTTP server that serves the tiny model in the hub's URL layout
+//! (`/{repo}/resolve/{revision}/{file}`, ranged GETs, LFS ETags).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use sha2::{Digest, Sha256};
+
+const COMMIT: &str = "5617a9f61b028005a4858fdac845db406aefb181";
+const FILES: [&str; 9] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "pytorch_model.bin",
+    "colbert_linear.pt",
+    "sparse_linear.pt",
+    "1_Pooling/config.json",
+    "modules.json",
+];
+const LFS: [&str; 3] = ["pytorch_model.bin", "colbert_linear.pt", "sparse_linear.pt"];
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+struct Served {
+    body: Vec<u8>,
+    etag: String,
+    lfs: bool,
+}
+
+/// A hub in miniature. `log` records "file range" for every request.
+struct Hub {
+    url: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Hub {
+    /// Serves the tiny model. `corrupt`: files served with one byte flipped
+    /// (but the true ETag). `interrupt`: (file, bytes) cut off once, after that many bytes.
+    fn start(corrupt: &[&str], interrupt: Option<(&str, usize)>) -> Hub {
+        let mut files = HashMap::new();
+        for f in FILES {
+            let mut body = std::fs::read(tiny_model_dir().join(f)).unwrap();
+            let lfs = LFS.contains(&f);
+            let etag = if lfs {
+                sha256(&body)
+            } else {
+                sha256(&body)[..40].to_string()
+            };
+            if corrupt.contains(&f) {
+                let mid = body.len() / 2;
+                body[mid] ^= 0xff;
+            }
+            files.insert(
+                format!("/BAAI/bge-m3/resolve/{COMMIT}/{f}"),
+                Served { body, etag, lfs },
+            );
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let files = Arc::new(files);
+        let interrupt = Arc::new(Mutex::new(interrupt.map(|(f, n)| (f.to_string(), n))));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (files, log, interrupt) = (files.clone(), log2.clone(), interrupt.clone());
+                std::thread::spawn(move || serve(stream, &files, &log, &interrupt));
+            }
+        });
+        Hub { url, log }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+fn serve(
+    mut stream: TcpStream,
+    files: &HashMap<String, Served>,
+    log: &Mutex<Vec<String>>,
+    interrupt: &Mutex<Option<(String, usize)>>,
+) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request = String::new();
+    if reader.read_line(&mut request).is_err() {
+        return;
+    }
+    let path = request.split_whitespace().nth(1).unwrap_or("").to_string();
+    let mut range_start = 0usize;
+    let mut range_end = None;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some(range) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+            let (a, b) = range.trim().split_once('-').unwrap();
+            range_start = a.parse().unwrap();
+            range_end = b.parse::<usize>().ok();
+        }
+    }
+    let file = path
+        .rsplit_once(&format!("{COMMIT}/"))
+        .map(|(_, f)| f.to_string())
+        .unwrap_or_default();
+    log.lock().unwrap().push(format!(
+        "{file} {range_start}-{}",
+        range_end.map(|e| e.to_string()).unwrap_or_default()
+    ));
+    let Some(served) = files.get(&path) else {
+        let _ = stream
+            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        return;
+    };
+    let size = served.body.len();
+    let end = range_end.unwrap_or(size - 1).min(size - 1);
+    let body = &served.body[range_start..=end];
+    let etag_header = if served.lfs {
+        format!(
+            "ETag: \"other\"\r\nX-Linked-Etag: \"{}\"\r\nX-Linked-Size: {size}\r\n",
+            served.etag
+        )
+    } else {
+        format!("ETag: \"{}\"\r\n", served.etag)
+    };
+    let head = format!(
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {range_start}-{end}/{size}\r\n\
+         X-Repo-Commit: {COMMIT}\r\n{etag_header}Connection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes());
+    let mut cut = interrupt.lock().unwrap();
+    if range_end.is_none()
+        && let Some((f, n)) = cut.as_ref()
+        && *f == file
+        && range_start == 0
+    {
+        let n = *n;
+        *cut = None;
+        drop(cut);
+        let _ = stream.write_all(&body[..n]);
+        let _ = stream.flush();
+        return; // the connection drops mid-body
+    }
+    drop(cut);
+    let _ = stream.write_all(body);
+}
+
+/// A machine of its own: HOME, hub cache and recall cache under one temp dir.
+struct Machine {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Machine {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        Machine { _tmp: tmp, root }
+    }
+
+    fn hub_cache(&self) -> PathBuf {
+        self.root.join("hub")
+    }
+
+    fn snapshot(&self) -> PathBuf {
+        self.hub_cache()
+            .join("models--BAAI--bge-m3/snapshots")
+            .join(COMMIT)
+    }
+
+    /// Runs recall here: (success, stdout, stderr).
+    fn recall(&self, args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_recall"));
+        cmd.args(args)
+            .env("HOME", &self.root)
+            .env("HF_HUB_CACHE", self.hub_cache())
+            .env("RECALL_CACHE_DIR", self.root.join("recall"))
+            .env_remove("RECALL_MODEL")
+            .env_remove("HF_HOME")
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_ENDPOINT")
+            .stdin(Stdio::null());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+        )
+    }
+
+    fn dense(&self, envs: &[(&str, &str)]) -> Vec<f64> {
+        let (ok, out, err) = self.recall(&["embed", "the server ran out of space"], envs);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+        v["dense"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    }
+}
+
+fn blob_of(link: &Path) -> PathBuf {
+    std::fs::canonicalize(link).unwrap()
+}
+
+#[test]
+fn fetch_resumes_an_interrupted_download_and_verifies() {
+    let hub = Hub::start(&[], Some(("pytorch_model.bin", 50_000)));
+    let m = Machine::new();
+    let endpoint = [("HF_ENDPOINT", hub.url.as_str())];
+    let (ok, _, err) = m.recall(&["model", "fetch", "--retries", "0"], &endpoint);
+    assert!(!ok, "the interrupted transfer fails this run");
+    assert!(err.contains("pytorch_model.bin"), "{err}");
+    let (ok, out, err) = m.recall(&["model", "fetch", "--retries", "0"], &endpoint);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), m.snapshot().to_str().unwrap());
+    assert!(
+        hub.requests()
+            .iter()
+            .any(|r| r == "pytorch_model.bin 50000-"),
+        "the second run resumes at byte 50000: {:?}",
+        hub.requests()
+    );
+    for f in FILES {
+        let got = std::fs::read(m.snapshot().join(f)).unwrap();
+        assert_eq!(got, std::fs::read(tiny_model_dir().join(f)).unwrap(), "{f}");
+    }
+    assert!(err.contains("converted the weights once"), "{err}");
+
+    // The main job finds it in the cache, offline.
+    let dense = m.dense(&[("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(dense.len(), 32);
+
+    let (ok, out, err) = m.recall(&["model", "verify"], &[]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok")).count(),
+        FILES.len()
+    );
+
+    // A flipped byte in one blob is found and named.
+    let blob = blob_of(&m.snapshot().join("sparse_linear.pt"));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let (ok, out, err) = m.recall(&["model", "verify"], &[]);
+    assert!(!ok);
+    assert!(out.contains("WRONG sparse_linear.pt: SHA-256"), "{out}");
+    assert!(err.contains("1 of 9 files are wrong"), "{err}");
+}
+
+#[test]
+fn a_corrupt_download_is_refused_and_removed() {
+    let hub = Hub::start(&["colbert_linear.pt"], None);
+    let m = Machine::new();
+    let (ok, _, err) = m.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
+    assert!(!ok);
+    assert!(
+        err.contains("colbert_linear.pt: the download is corrupt"),
+        "{err}"
+    );
+    assert!(
+        !m.snapshot().join("colbert_linear.pt").exists(),
+        "the bad file is not left in the cache"
+    );
+}
+
+#[test]
+fn first_use_fetches_and_offline_says_what_to_run() {
+    let hub = Hub::start(&[], None);
+    let m = Machine::new();
+    let (ok, _, err) = m.recall(
+        &["embed", "x"],
+        &[("HF_ENDPOINT", hub.url.as_str()), ("HF_HUB_OFFLINE", "1")],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("recall model fetch && recall model export"),
+        "{err}"
+    );
+    assert!(err.contains("recall model import"), "{err}");
+    assert!(
+        hub.requests().is_empty(),
+        "offline means no request: {:?}",
+        hub.requests()
+    );
+    let (ok, _, err) = m.recall(
+        &["embed", "--offline", "x"],
+        &[("HF_ENDPOINT", hub.url.as_str())],
+    );
+    assert!(!ok && err.contains("offline"), "{err}");
+
+    let dense = m.dense(&[("HF_ENDPOINT", hub.url.as_str())]);
+    assert_eq!(dense.len(), 32);
+    assert!(!hub.requests().is_empty());
+}
+
+#[test]
+fn export_import_round_trip() {
+    let hub = Hub::start(&[], None);
+    let online = Machine::new();
+    let (ok, _, err) = online.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
+    assert!(ok, "{err}");
+    let tar = online.root.join("bge-m3.tar");
+    let (ok, _, err) = online.recall(&["model", "export", tar.to_str().unwrap()], &[]);
+    assert!(ok, "{err}");
+
+    let airgapped = Machine::new();
+    let (ok, out, err) = airgapped.recall(
+        &["model", "import", tar.to_str().unwrap()],
+        &[("HF_HUB_OFFLINE", "1")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), airgapped.snapshot().to_str().unwrap());
+    let offline = [("HF_HUB_OFFLINE", "1")];
+    assert_eq!(airgapped.dense(&offline), online.dense(&offline));
+    let (ok, out, _) = airgapped.recall(&["model", "verify"], &[]);
+    assert!(ok, "{out}");
+
+    // The same tar unpacked by hand, with one file damaged: refused, naming it.
+    let unpacked = airgapped.root.join("by-hand");
+    tar::Archive::new(std::fs::File::open(&tar).unwrap())
+        .unpack(&unpacked)
+        .unwrap();
+    let victim = unpacked.join("files/tokenizer.json");
+    let text = std::fs::read_to_string(&victim)
+        .unwrap()
+        .replacen("<unk>", "<UNK>", 1);
+    std::fs::write(&victim, text).unwrap();
+    let third = Machine::new();
+    let (ok, _, err) = third.recall(&["model", "import", unpacked.to_str().unwrap()], &[]);
+    assert!(!ok);
+    assert!(err.contains("tokenizer.json: SHA-256"), "{err}");
+    assert!(
+        !third.snapshot().exists(),
+        "nothing is installed from a bad copy"
+    );
+
+    // A model directory copied by hand, without a manifest, imports under the revision given.
+    let fourth = Machine::new();
+    let (_keep, copy) = tiny_model_copy(&[
+        "model.safetensors",
+        "README.md",
+        "sentence_bert_config.json",
+    ]);
+    let (ok, out, err) = fourth.recall(
+        &[
+            "model",
+            "import",
+            copy.to_str().unwrap(),
+            "--revision",
+            COMMIT,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), fourth.snapshot().to_str().unwrap());
+    assert_eq!(fourth.dense(&offline).len(), 32);
+}
