@@ -262,6 +262,23 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
         FILES.len()
     );
 
+    let (ok, out, err) = m.recall(&["model", "list"], &[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("* BAAI/bge-m3@{COMMIT}")),
+        "the default is marked: {out}"
+    );
+    assert!(out.contains("32 dims, dense+sparse+colbert"), "{out}");
+    let (ok, out, err) = m.recall(&["model", "info"], &[]);
+    assert!(ok, "{err}");
+    for line in [
+        &format!("revision:    {COMMIT}"),
+        "outputs:     dense, sparse, colbert",
+        "max length:  256 tokens",
+    ] {
+        assert!(out.contains(line), "{line:?} in {out}");
+    }
+
     // A flipped byte in one blob is found and named.
     let blob = blob_of(&m.snapshot().join("sparse_linear.pt"));
     let mut bytes = std::fs::read(&blob).unwrap();
