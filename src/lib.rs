@@ -8,8 +8,10 @@ pub mod bench;
 pub mod embedder;
 pub mod encoder;
 pub mod heads;
+pub mod index;
 pub mod model;
 pub mod score;
+pub mod source;
 pub mod tokenize;
 
 pub use embedder::{Embedder, Embedding, LoadOptions, ModelInfo, Outputs, default_device};

@@ -17,6 +17,10 @@ pub struct Tokens {
 
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// The same tokenizer without truncation or special tokens, for chunking.
+    plain: Tokenizer,
+    /// Special tokens the model adds around one input (`<s>`, `</s>`).
+    added: usize,
     max_length: usize,
     /// `<s>`, `</s>`, `<pad>`, `<unk>` (or `[CLS]`, `[SEP]`, `[PAD]`, `[UNK]`):
     /// never carry lexical weight.
@@ -29,6 +33,14 @@ impl TextTokenizer {
             .map_err(|e| anyhow!("{}: not a valid tokenizer.json: {e}", path.display()))?;
         // recall packs batches itself: padding is never wanted, and the file's own truncation is replaced.
         inner.with_padding(None);
+        let mut plain = inner.clone();
+        plain
+            .with_truncation(None)
+            .map_err(|e| anyhow!("cannot turn truncation off: {e}"))?;
+        let added = inner.get_post_processor().map_or(0, |p| {
+            use tokenizers::PostProcessor;
+            p.added_tokens(false)
+        });
         inner
             .with_truncation(Some(TruncationParams {
                 max_length,
@@ -45,6 +57,8 @@ impl TextTokenizer {
         .collect();
         Ok(Self {
             inner,
+            plain,
+            added,
             max_length,
             special_ids,
         })
@@ -72,5 +86,19 @@ impl TextTokenizer {
             ids: encoding.get_ids().to_vec(),
             truncated,
         })
+    }
+
+    /// Special tokens added around every input.
+    pub fn added_tokens(&self) -> usize {
+        self.added
+    }
+
+    /// Byte spans of the tokens of `text`, without special tokens or truncation.
+    pub fn spans(&self, text: &str) -> Result<Vec<(usize, usize)>> {
+        let encoding = self
+            .plain
+            .encode(text, false)
+            .map_err(|e| anyhow!("cannot tokenise input: {e}"))?;
+        Ok(encoding.get_offsets().to_vec())
     }
 }

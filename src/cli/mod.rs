@@ -2,6 +2,7 @@
 
 mod bench;
 mod embed;
+mod index;
 mod model;
 
 use std::path::PathBuf;
@@ -33,6 +34,10 @@ enum Command {
     Embed(embed::EmbedArgs),
     /// Measure encoder throughput and memory on fixed batch × length shapes.
     Bench(bench::BenchArgs),
+    /// Index Hermes sessions (incremental: only what is new or changed is embedded).
+    Index(index::IndexArgs),
+    /// What the index holds, its model, and how far it lags behind Hermes.
+    Stats(index::StatsArgs),
     /// Get, move and check models: fetch, export, import, verify, list, info.
     Model(model::ModelCommand),
 }
@@ -106,6 +111,8 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Embed(args) => embed::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Index(args) => index::run_index(args),
+        Command::Stats(args) => index::run_stats(args),
         Command::Model(cmd) => model::run(cmd),
     }
 }

@@ -1,0 +1,268 @@
+//! `recall index` and `recall stats`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use recall::index::chunk::ChunkParams;
+use recall::index::store::Store;
+use recall::index::{self, IndexOptions};
+use recall::source::hermes::{self, Profile, Selection};
+use serde_json::json;
+
+use super::ModelArgs;
+
+/// Where the Hermes history and the index are.
+#[derive(Args, Clone)]
+pub struct HermesArgs {
+    /// Hermes home directory. Default: $HERMES_HOME, else ~/.hermes.
+    #[arg(long, value_name = "DIR")]
+    hermes_home: Option<PathBuf>,
+    /// Index one profile (~/.hermes/profiles/NAME) instead of the default one.
+    #[arg(long, value_name = "NAME", conflicts_with = "all_profiles")]
+    profile: Option<String>,
+    /// Index the default profile and every profile under profiles/.
+    #[arg(long)]
+    all_profiles: bool,
+    /// The index database. Default: $HERMES_HOME/recall/index.db.
+    #[arg(long, value_name = "PATH")]
+    index: Option<PathBuf>,
+    /// Roles to index, comma-separated (Hermes searches user and assistant; add tool for tool results).
+    #[arg(long, value_delimiter = ',', default_value = "user,assistant")]
+    roles: Vec<String>,
+}
+
+impl HermesArgs {
+    pub fn home(&self) -> Result<PathBuf> {
+        match &self.hermes_home {
+            Some(h) => Ok(h.clone()),
+            None => hermes::default_home()
+                .context("cannot find Hermes: set HERMES_HOME or pass --hermes-home"),
+        }
+    }
+
+    pub fn profiles(&self) -> Result<Vec<Profile>> {
+        let home = self.home()?;
+        let profiles = hermes::profiles(&home, self.profile.as_deref(), self.all_profiles)?;
+        let missing: Vec<String> = profiles
+            .iter()
+            .filter(|p| !p.state_db().is_file())
+            .map(|p| p.state_db().display().to_string())
+            .collect();
+        if !missing.is_empty() && missing.len() == profiles.len() {
+            bail!(
+                "no Hermes database at {}: is Hermes installed, or is --hermes-home right?",
+                missing.join(", ")
+            );
+        }
+        Ok(profiles
+            .into_iter()
+            .filter(|p| p.state_db().is_file())
+            .collect())
+    }
+
+    pub fn index_path(&self) -> Result<PathBuf> {
+        match &self.index {
+            Some(p) => Ok(p.clone()),
+            None => Ok(index::default_index_path(&self.home()?)),
+        }
+    }
+
+    pub fn selection(&self) -> Result<Selection> {
+        for role in &self.roles {
+            if !["user", "assistant", "tool", "system"].contains(&role.as_str()) {
+                bail!("--roles: unknown role {role:?} (user, assistant, tool, system)");
+            }
+        }
+        Ok(Selection {
+            roles: self.roles.clone(),
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct IndexArgs {
+    #[command(flatten)]
+    hermes: HermesArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Empty the index and embed everything again (needed after changing the model or chunking).
+    #[arg(long)]
+    rebuild: bool,
+    /// Tokens per chunk window, special tokens included. Default: 512, or the model's limit if smaller.
+    #[arg(long)]
+    chunk_tokens: Option<usize>,
+    /// Tokens shared by consecutive windows of a long message.
+    #[arg(long, default_value_t = 64)]
+    chunk_overlap: usize,
+    /// Print a JSON summary instead of a progress bar and text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run_index(args: IndexArgs) -> Result<()> {
+    let profiles = args.hermes.profiles()?;
+    let selection = args.hermes.selection()?;
+    let index_path = args.hermes.index_path()?;
+    let embedder = args.model.load()?;
+    let mut store = Store::open(&index_path)?;
+    let options = IndexOptions {
+        selection,
+        chunk: ChunkParams {
+            window: args.chunk_tokens.unwrap_or(
+                ChunkParams::default()
+                    .window
+                    .min(embedder.info().max_length),
+            ),
+            overlap: args.chunk_overlap,
+        },
+        rebuild: args.rebuild,
+    };
+    let bar = if !args.json && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
+            )
+            .unwrap()
+            .progress_chars("=> "),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+    let started = std::time::Instant::now();
+    let bar_ref = Mutex::new(bar.clone());
+    let progress = move |done: usize, total: usize, chunks: usize, tokens: usize| {
+        if let Some(bar) = bar_ref.lock().unwrap().as_ref() {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            let rate = tokens as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!("{chunks} chunks, {rate:.0} tokens/s"));
+        }
+    };
+    let report = index::run(&embedder, &mut store, &profiles, &options, &progress)?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if args.json {
+        let mut value = serde_json::to_value(&report)?;
+        value["index"] = json!(index_path);
+        println!("{value}");
+    } else {
+        println!(
+            "indexed {} into {}: {} messages ({} embedded, {} unchanged, {} removed), {} chunks ({} from cache), \
+             {} tokens in {:.1}s ({:.0} tokens/s)",
+            report.profiles.join(", "),
+            index_path.display(),
+            report.messages,
+            report.embedded_messages,
+            report.unchanged_messages,
+            report.deleted_messages,
+            report.chunks,
+            report.cached_chunks,
+            report.tokens,
+            report.seconds,
+            report.tokens_per_second
+        );
+    }
+    if report.truncated_chunks > 0 {
+        eprintln!(
+            "warning: {} chunks were longer than the model's limit and were truncated",
+            report.truncated_chunks
+        );
+    }
+    if report.malformed_lines > 0 {
+        eprintln!(
+            "warning: {} malformed lines in Hermes session files were skipped",
+            report.malformed_lines
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    hermes: HermesArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run_stats(args: StatsArgs) -> Result<()> {
+    let path = args.hermes.index_path()?;
+    let store = Store::open_existing(&path)?;
+    let identity = store.identity()?;
+    let size: u64 = ["", "-wal"]
+        .iter()
+        .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
+        .map(|m| m.len())
+        .sum();
+    let vectors = if identity.is_some() {
+        store.count("SELECT COUNT(*) FROM chunks_vec")?
+    } else {
+        0
+    };
+    let profiles = args.hermes.profiles()?;
+    let lag = index::lag(&store, &profiles, &args.hermes.selection()?)?;
+    let last = store
+        .meta("last_indexed_at")?
+        .and_then(|t| t.parse::<f64>().ok());
+    let stats = json!({
+        "index": path,
+        "sessions": store.count("SELECT COUNT(*) FROM sessions")?,
+        "messages": store.count("SELECT COUNT(*) FROM messages")?,
+        "chunks": store.count("SELECT COUNT(*) FROM chunks")?,
+        "vectors": vectors,
+        "tokens_embedded": store.count("SELECT COALESCE(SUM(tokens), 0) FROM chunks")?,
+        "cached_embeddings": store.count("SELECT COUNT(*) FROM embed_cache")?,
+        "size_bytes": size,
+        "identity": identity,
+        "last_indexed_at": last,
+        "lag_messages": lag,
+    });
+    if args.json {
+        println!("{stats}");
+        return Ok(());
+    }
+    println!("index:            {}", path.display());
+    for key in [
+        "sessions",
+        "messages",
+        "chunks",
+        "vectors",
+        "tokens_embedded",
+        "cached_embeddings",
+    ] {
+        println!(
+            "{:<17} {}",
+            format!("{}:", key.replace('_', " ")),
+            stats[key]
+        );
+    }
+    println!("size:             {:.1} MB", size as f64 / 1e6);
+    if let Some(id) = store.identity()? {
+        println!(
+            "model:            {} {} ({} dims{}), chunks of {} tokens, overlap {}",
+            id.model,
+            id.revision,
+            id.dimension,
+            if id.sparse { ", sparse" } else { "" },
+            id.chunk_tokens,
+            id.chunk_overlap
+        );
+    }
+    match last {
+        Some(t) => println!("last indexed:     {:.0} s ago", index::unix_now() - t),
+        None => println!("last indexed:     never"),
+    }
+    println!(
+        "behind Hermes:    {lag} messages{}",
+        if lag > 0 { " (run `recall index`)" } else { "" }
+    );
+    Ok(())
+}

@@ -1,0 +1,468 @@
+//! recall's own index database: chunks with their text and provenance, dense
+//! vectors in sqlite-vec, an FTS5 trigram index (finds CJK text), BGE-M3's
+//! sparse weights, and an embedding cache. WAL mode, so search reads while
+//! indexing writes.
+//!
+//! Consistency rule: a message's chunks, vectors, sparse weights, FTS rows and
+//! its fingerprint are written in one transaction, and deleting a chunk row
+//! deletes the rest by trigger. A crash leaves either the old or the new
+//! state of each message, never a chunk without its vector.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+/// Bumped when the layout below changes incompatibly.
+const LAYOUT_VERSION: i64 = 1;
+
+/// What the vectors in an index are: never mix two of these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub provider: String,
+    pub model: String,
+    pub revision: String,
+    /// Size of the weights file: a changed file under the same name is another model.
+    pub weights_bytes: u64,
+    pub dimension: usize,
+    pub normalized: bool,
+    pub sparse: bool,
+    pub chunk_tokens: usize,
+    pub chunk_overlap: usize,
+}
+
+impl Identity {
+    /// The part that decides the vectors (not the chunking): the embedding cache's namespace.
+    pub fn embedding_key(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}",
+            self.provider, self.model, self.revision, self.weights_bytes, self.dimension
+        )
+    }
+
+    /// What differs from `other`, for the refusal message.
+    pub fn differences(&self, other: &Identity) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cmp = |what: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: index has {a}, now {b}"));
+            }
+        };
+        cmp("provider", self.provider.clone(), other.provider.clone());
+        cmp("model", self.model.clone(), other.model.clone());
+        cmp("revision", self.revision.clone(), other.revision.clone());
+        cmp(
+            "weights size",
+            self.weights_bytes.to_string(),
+            other.weights_bytes.to_string(),
+        );
+        cmp(
+            "dimension",
+            self.dimension.to_string(),
+            other.dimension.to_string(),
+        );
+        cmp(
+            "normalised",
+            self.normalized.to_string(),
+            other.normalized.to_string(),
+        );
+        cmp(
+            "sparse weights",
+            self.sparse.to_string(),
+            other.sparse.to_string(),
+        );
+        cmp(
+            "chunk tokens",
+            self.chunk_tokens.to_string(),
+            other.chunk_tokens.to_string(),
+        );
+        cmp(
+            "chunk overlap",
+            self.chunk_overlap.to_string(),
+            other.chunk_overlap.to_string(),
+        );
+        out
+    }
+}
+
+/// A session row of the index.
+#[derive(Debug, Clone)]
+pub struct SessionRow {
+    pub id: String,
+    pub source: String,
+    pub title: Option<String>,
+    pub model: Option<String>,
+    pub started_at: f64,
+    pub parent: Option<String>,
+    pub lineage_root: String,
+    pub hidden: bool,
+}
+
+/// One embedded chunk.
+#[derive(Debug, Clone)]
+pub struct ChunkRow {
+    pub text: String,
+    pub tokens: usize,
+    pub dense: Vec<f32>,
+    pub sparse: Option<BTreeMap<u32, f32>>,
+}
+
+/// A message and its chunks, replacing whatever the index had for it.
+#[derive(Debug, Clone)]
+pub struct MessageRow {
+    pub id: i64,
+    pub session_id: String,
+    pub role: String,
+    pub timestamp: f64,
+    pub fingerprint: String,
+    pub chunks: Vec<ChunkRow>,
+}
+
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+fn register_sqlite_vec() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sqlite3_vec_init has the signature SQLite expects of an
+        // extension entry point; registering it once makes every later
+        // connection load sqlite-vec (the crate's documented use).
+        unsafe {
+            rusqlite::ffi::sqlite3_auto_extension(Some(std::mem::transmute::<
+                *const (),
+                unsafe extern "C" fn(
+                    *mut rusqlite::ffi::sqlite3,
+                    *mut *mut std::os::raw::c_char,
+                    *const rusqlite::ffi::sqlite3_api_routines,
+                ) -> i32,
+            >(
+                sqlite_vec::sqlite3_vec_init as *const (),
+            )));
+        }
+    });
+}
+
+pub fn f32_blob(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn blob_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn sparse_blob(s: &BTreeMap<u32, f32>) -> Vec<u8> {
+    s.iter()
+        .flat_map(|(id, w)| id.to_le_bytes().into_iter().chain(w.to_le_bytes()))
+        .collect()
+}
+
+fn blob_sparse(b: &[u8]) -> BTreeMap<u32, f32> {
+    b.chunks_exact(8)
+        .map(|c| {
+            (
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                f32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            )
+        })
+        .collect()
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    profile TEXT NOT NULL, id TEXT NOT NULL, source TEXT NOT NULL, title TEXT, model TEXT,
+    started_at REAL, parent_id TEXT, lineage_root TEXT NOT NULL, hidden INTEGER NOT NULL,
+    PRIMARY KEY (profile, id));
+CREATE TABLE IF NOT EXISTS messages (
+    profile TEXT NOT NULL, id INTEGER NOT NULL, session_id TEXT NOT NULL, role TEXT NOT NULL,
+    timestamp REAL, fingerprint TEXT NOT NULL, PRIMARY KEY (profile, id));
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY, profile TEXT NOT NULL, message_id INTEGER NOT NULL, seq INTEGER NOT NULL,
+    session_id TEXT NOT NULL, role TEXT NOT NULL, timestamp REAL, text TEXT NOT NULL, tokens INTEGER NOT NULL,
+    UNIQUE (profile, message_id, seq));
+CREATE INDEX IF NOT EXISTS chunks_session ON chunks (profile, session_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    text, content='chunks', content_rowid='id', tokenize='trigram');
+CREATE TABLE IF NOT EXISTS chunk_sparse (
+    chunk_id INTEGER NOT NULL, token_id INTEGER NOT NULL, weight REAL NOT NULL,
+    PRIMARY KEY (chunk_id, token_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS chunk_sparse_token ON chunk_sparse (token_id);
+CREATE TABLE IF NOT EXISTS embed_cache (key BLOB PRIMARY KEY, dense BLOB NOT NULL, sparse BLOB) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
+END;
+";
+
+// The vector table's dimension is the identity's, so it is made with it.
+const CHUNK_DELETE_TRIGGER: &str = "
+CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts (chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    DELETE FROM chunks_vec WHERE chunk_id = old.id;
+    DELETE FROM chunk_sparse WHERE chunk_id = old.id;
+END;
+";
+
+impl Store {
+    /// Opens (creating if needed) the index at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        register_sqlite_vec();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let conn = Connection::open(path)
+            .with_context(|| format!("cannot open the index {}", path.display()))?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)
+            .with_context(|| format!("{}: cannot set up the index", path.display()))?;
+        let store = Self {
+            conn,
+            path: path.to_path_buf(),
+        };
+        match store.meta("layout")? {
+            None => store.set_meta("layout", &LAYOUT_VERSION.to_string())?,
+            Some(v) if v == LAYOUT_VERSION.to_string() => {}
+            Some(v) => bail!(
+                "{} has index layout {v}, this recall writes {LAYOUT_VERSION}: run `recall index --rebuild`",
+                path.display()
+            ),
+        }
+        Ok(store)
+    }
+
+    /// Opens an existing index for reading; a missing file is an error, not a new index.
+    pub fn open_existing(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            bail!("no index at {}: run `recall index` first", path.display());
+        }
+        Self::open(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = ?", [key], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            params![key, value],
+        )?;
+        Ok(())
+    }
+
+    pub fn identity(&self) -> Result<Option<Identity>> {
+        match self.meta("identity")? {
+            None => Ok(None),
+            Some(json) => Ok(Some(
+                serde_json::from_str(&json).context("the index's identity record is damaged")?,
+            )),
+        }
+    }
+
+    /// Binds the index to `identity`: a new index takes it; an index of
+    /// another identity is refused unless `rebuild`, which empties it first.
+    pub fn bind(&mut self, identity: &Identity, rebuild: bool) -> Result<()> {
+        match self.identity()? {
+            Some(existing) if existing == *identity && !rebuild => return Ok(()),
+            Some(existing) if !rebuild => {
+                bail!(
+                    "the index {} was built with another embedding setup, and vectors of two models are never mixed:\n  {}\n\
+                     Run `recall index --rebuild` to re-embed everything with the current one \
+                     (the embedding cache keeps what was already computed for it).",
+                    self.path.display(),
+                    existing.differences(identity).join("\n  ")
+                )
+            }
+            _ => {}
+        }
+        let tx = self.conn.transaction()?;
+        tx.execute_batch(
+            "DROP TRIGGER IF EXISTS chunks_ad; DROP TABLE IF EXISTS chunks_vec;
+             DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM messages; DELETE FROM sessions;
+             INSERT INTO chunks_fts (chunks_fts) VALUES ('delete-all');",
+        )?;
+        tx.execute_batch(&format!(
+            "CREATE VIRTUAL TABLE chunks_vec USING vec0(chunk_id INTEGER PRIMARY KEY, embedding float[{}]);",
+            identity.dimension
+        ))?;
+        tx.execute_batch(CHUNK_DELETE_TRIGGER)?;
+        tx.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('identity', ?)",
+            [serde_json::to_string(identity)?],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Message id → fingerprint of what the index holds for `profile`.
+    pub fn fingerprints(&self, profile: &str) -> Result<HashMap<i64, String>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, fingerprint FROM messages WHERE profile = ?")?;
+        let rows = stmt.query_map([profile], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Replaces the session rows of `profile`.
+    pub fn put_sessions(&mut self, profile: &str, sessions: &[SessionRow]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute("DELETE FROM sessions WHERE profile = ?", [profile])?;
+        {
+            let mut insert = tx.prepare(
+                "INSERT INTO sessions (profile, id, source, title, model, started_at, parent_id, lineage_root, hidden)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )?;
+            for s in sessions {
+                insert.execute(params![
+                    profile,
+                    s.id,
+                    s.source,
+                    s.title,
+                    s.model,
+                    s.started_at,
+                    s.parent,
+                    s.lineage_root,
+                    s.hidden
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes messages (and their chunks, vectors, sparse and FTS rows).
+    pub fn delete_messages(&mut self, profile: &str, ids: &[i64]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        for id in ids {
+            tx.execute(
+                "DELETE FROM chunks WHERE profile = ? AND message_id = ?",
+                params![profile, id],
+            )?;
+            tx.execute(
+                "DELETE FROM messages WHERE profile = ? AND id = ?",
+                params![profile, id],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Writes `messages` (each replacing its old chunks) in one transaction,
+    /// and adds their embeddings to the cache.
+    pub fn put_messages(
+        &mut self,
+        profile: &str,
+        cache_namespace: &str,
+        messages: &[MessageRow],
+    ) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut del =
+                tx.prepare_cached("DELETE FROM chunks WHERE profile = ? AND message_id = ?")?;
+            let mut chunk = tx.prepare_cached(
+                "INSERT INTO chunks (profile, message_id, seq, session_id, role, timestamp, text, tokens)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            )?;
+            let mut vec =
+                tx.prepare_cached("INSERT INTO chunks_vec (chunk_id, embedding) VALUES (?, ?)")?;
+            let mut sparse = tx.prepare_cached(
+                "INSERT INTO chunk_sparse (chunk_id, token_id, weight) VALUES (?, ?, ?)",
+            )?;
+            let mut cache = tx.prepare_cached(
+                "INSERT OR IGNORE INTO embed_cache (key, dense, sparse) VALUES (?, ?, ?)",
+            )?;
+            let mut msg = tx.prepare_cached(
+                "INSERT OR REPLACE INTO messages (profile, id, session_id, role, timestamp, fingerprint)
+                 VALUES (?, ?, ?, ?, ?, ?)",
+            )?;
+            for m in messages {
+                del.execute(params![profile, m.id])?;
+                for (seq, c) in m.chunks.iter().enumerate() {
+                    chunk.execute(params![
+                        profile,
+                        m.id,
+                        seq as i64,
+                        m.session_id,
+                        m.role,
+                        m.timestamp,
+                        c.text,
+                        c.tokens as i64
+                    ])?;
+                    let chunk_id = tx.last_insert_rowid();
+                    vec.execute(params![chunk_id, f32_blob(&c.dense)])?;
+                    if let Some(weights) = &c.sparse {
+                        for (token, w) in weights {
+                            sparse.execute(params![chunk_id, *token as i64, *w as f64])?;
+                        }
+                    }
+                    cache.execute(params![
+                        cache_key(cache_namespace, &c.text),
+                        f32_blob(&c.dense),
+                        c.sparse.as_ref().map(sparse_blob)
+                    ])?;
+                }
+                msg.execute(params![
+                    profile,
+                    m.id,
+                    m.session_id,
+                    m.role,
+                    m.timestamp,
+                    m.fingerprint
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// A cached embedding of `text` under `namespace`.
+    pub fn cached(
+        &self,
+        namespace: &str,
+        text: &str,
+    ) -> Result<Option<(Vec<f32>, Option<BTreeMap<u32, f32>>)>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT dense, sparse FROM embed_cache WHERE key = ?")?;
+        let row = stmt
+            .query_row([cache_key(namespace, text)], |r| {
+                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
+            })
+            .optional()?;
+        Ok(row.map(|(d, s)| (blob_f32(&d), s.as_deref().map(blob_sparse))))
+    }
+
+    pub fn count(&self, sql: &str) -> Result<i64> {
+        Ok(self.conn.query_row(sql, [], |r| r.get(0))?)
+    }
+}
+
+fn cache_key(namespace: &str, text: &str) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(namespace.as_bytes());
+    h.update([0]);
+    h.update(text.as_bytes());
+    h.finalize().to_vec()
+}

@@ -1,0 +1,376 @@
+//! Reading Hermes Agent's `state.db`, read-only, whatever schema version it has.
+//!
+//! Hermes is the source of truth and keeps writing while recall reads, so:
+//! the file is opened with `mode=ro` (recall never writes to it), columns are
+//! probed with `PRAGMA table_info` (v5 has no `active`/`compacted`/
+//! `display_kind`), and messages are read in pages, each its own short read
+//! transaction, so a DELETE-mode writer is never blocked for long and a WAL
+//! checkpoint is never held back.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+/// Sources whose sessions Hermes's own search never shows.
+pub const HIDDEN_SOURCES: [&str; 3] = ["kanban", "subagent", "tool"];
+/// Hermes indexes only this much of a tool result.
+pub const TOOL_CONTENT_CHARS: usize = 8192;
+const PAGE: i64 = 2000;
+
+/// One Hermes profile: its name and `state.db`.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub name: String,
+    pub home: PathBuf,
+}
+
+impl Profile {
+    pub fn state_db(&self) -> PathBuf {
+        self.home.join("state.db")
+    }
+}
+
+/// `$HERMES_HOME`, else `~/.hermes`.
+pub fn default_home() -> Option<PathBuf> {
+    if let Some(h) = std::env::var_os("HERMES_HOME").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(h));
+    }
+    crate::model::locate::home_dir().map(|h| h.join(".hermes"))
+}
+
+/// The profiles to read: the home itself ("default"), one named profile, or all of them.
+pub fn profiles(home: &Path, profile: Option<&str>, all: bool) -> Result<Vec<Profile>> {
+    if let Some(name) = profile {
+        let dir = home.join("profiles").join(name);
+        if !dir.is_dir() {
+            bail!(
+                "no Hermes profile {name:?}: {} does not exist",
+                dir.display()
+            );
+        }
+        return Ok(vec![Profile {
+            name: name.to_string(),
+            home: dir,
+        }]);
+    }
+    let mut out = vec![Profile {
+        name: "default".into(),
+        home: home.to_path_buf(),
+    }];
+    if all {
+        let mut named: Vec<Profile> = std::fs::read_dir(home.join("profiles"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join("state.db").is_file())
+            .map(|e| Profile {
+                name: e.file_name().to_string_lossy().into_owned(),
+                home: e.path(),
+            })
+            .collect();
+        named.sort_by(|a, b| a.name.cmp(&b.name));
+        out.extend(named);
+    }
+    Ok(out)
+}
+
+/// A session as recall needs it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub source: String,
+    pub title: Option<String>,
+    pub model: Option<String>,
+    pub started_at: f64,
+    pub parent: Option<String>,
+}
+
+/// A message that Hermes's own search would show, as text to index.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub id: i64,
+    pub session_id: String,
+    pub role: String,
+    pub timestamp: f64,
+    pub text: String,
+}
+
+/// Which rows to index.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// Roles to index; Hermes searches `user` and `assistant`, `tool` on request.
+    pub roles: Vec<String>,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Self {
+            roles: vec!["user".into(), "assistant".into()],
+        }
+    }
+}
+
+/// A read-only connection to one `state.db`.
+pub struct StateDb {
+    conn: Connection,
+    path: PathBuf,
+    has: HashSet<String>,
+    session_cols: HashSet<String>,
+}
+
+fn columns(conn: &Connection, table: &str) -> Result<HashSet<String>> {
+    let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
+    let cols = stmt
+        .query_map([], |r| r.get::<_, String>(1))?
+        .collect::<rusqlite::Result<HashSet<_>>>()?;
+    Ok(cols)
+}
+
+impl StateDb {
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            bail!("no Hermes database at {}", path.display());
+        }
+        let uri = format!("file:{}?mode=ro", path.display());
+        let conn = Connection::open_with_flags(
+            uri,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .with_context(|| format!("cannot open {} read-only", path.display()))?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let has = columns(&conn, "messages")
+            .with_context(|| format!("{}: cannot read its schema", path.display()))?;
+        let session_cols = columns(&conn, "sessions")?;
+        for needed in ["id", "session_id", "role", "content", "timestamp"] {
+            if !has.contains(needed) {
+                bail!(
+                    "{}: messages table has no `{needed}` column; is this a Hermes state.db?",
+                    path.display()
+                );
+            }
+        }
+        if !session_cols.contains("source") {
+            bail!(
+                "{}: sessions table has no `source` column; is this a Hermes state.db?",
+                path.display()
+            );
+        }
+        Ok(Self {
+            conn,
+            path: path.to_path_buf(),
+            has,
+            session_cols,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn schema_version(&self) -> Option<i64> {
+        self.conn
+            .query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))
+            .optional()
+            .ok()
+            .flatten()
+    }
+
+    pub fn sessions(&self) -> Result<HashMap<String, Session>> {
+        let col = |c: &str| {
+            if self.session_cols.contains(c) {
+                c.to_string()
+            } else {
+                format!("NULL AS {c}")
+            }
+        };
+        let sql = format!(
+            "SELECT id, source, {}, {}, {}, {} FROM sessions",
+            col("title"),
+            col("model"),
+            col("started_at"),
+            col("parent_session_id")
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let rows = stmt.query_map([], |r| {
+            Ok(Session {
+                id: r.get(0)?,
+                source: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                title: r.get(2)?,
+                model: r.get(3)?,
+                started_at: r.get::<_, Option<f64>>(4)?.unwrap_or(0.0),
+                parent: r.get(5)?,
+            })
+        })?;
+        let mut out = HashMap::new();
+        for s in rows {
+            let s = s?;
+            out.insert(s.id.clone(), s);
+        }
+        Ok(out)
+    }
+
+    /// Every visible message of the selected roles, in id order, read in
+    /// pages of short transactions. Rows that give no text are left out.
+    pub fn messages(&self, selection: &Selection, mut each: impl FnMut(Message)) -> Result<()> {
+        let opt = |c: &str, fallback: &str| {
+            if self.has.contains(c) {
+                c.to_string()
+            } else {
+                fallback.to_string()
+            }
+        };
+        let placeholders = vec!["?"; selection.roles.len()].join(",");
+        let sql = format!(
+            "SELECT id, session_id, role, content, {}, {} FROM messages \
+             WHERE id > ? AND role IN ({placeholders}) \
+             AND NOT ({} = 0 AND {} = 0) AND COALESCE({}, '') <> 'hidden' \
+             ORDER BY id LIMIT {PAGE}",
+            opt("tool_calls", "NULL"),
+            "timestamp",
+            opt("active", "1"),
+            opt("compacted", "0"),
+            opt("display_kind", "NULL"),
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let mut after = 0i64;
+        loop {
+            let mut params: Vec<rusqlite::types::Value> = vec![after.into()];
+            params.extend(
+                selection
+                    .roles
+                    .iter()
+                    .map(|r| rusqlite::types::Value::from(r.clone())),
+            );
+            let mut page = Vec::with_capacity(PAGE as usize);
+            // One statement is one read transaction (autocommit), released before the next page.
+            let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<f64>>(5)?,
+                ))
+            })?;
+            for row in rows {
+                page.push(
+                    row.with_context(|| format!("{}: cannot read messages", self.path.display()))?,
+                );
+            }
+            let Some(last) = page.last() else { break };
+            after = last.0;
+            let full = page.len() as i64 == PAGE;
+            for (id, session_id, role, content, tool_calls, timestamp) in page {
+                if let Some(text) = message_text(&role, content.as_deref(), tool_calls.as_deref()) {
+                    each(Message {
+                        id,
+                        session_id,
+                        role,
+                        timestamp: timestamp.unwrap_or(0.0),
+                        text,
+                    });
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The searchable text of a message: plain content, the text parts of
+/// `"\x00json:"` content, a tool result's first 8192 characters, or, for an
+/// assistant turn that only calls tools, the calls' names and arguments.
+pub fn message_text(role: &str, content: Option<&str>, tool_calls: Option<&str>) -> Option<String> {
+    let mut text = match content {
+        Some(c) if c.starts_with("\u{0}json:") => json_text_parts(&c["\u{0}json:".len()..]),
+        Some(c) => c.to_string(),
+        None => String::new(),
+    };
+    if role == "tool" && text.chars().count() > TOOL_CONTENT_CHARS {
+        text = text.chars().take(TOOL_CONTENT_CHARS).collect();
+    }
+    if text.trim().is_empty() && role == "assistant" {
+        text = tool_calls.map(tool_call_text).unwrap_or_default();
+    }
+    let text = text.trim().to_string();
+    (!text.is_empty()).then_some(text)
+}
+
+fn json_text_parts(json: &str) -> String {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
+        return String::new();
+    };
+    let parts = match &value {
+        serde_json::Value::Array(parts) => parts.clone(),
+        other => vec![other.clone()],
+    };
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Object(o) => {
+                o.get("text").and_then(|t| t.as_str()).map(str::to_string)
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn tool_call_text(json: &str) -> String {
+    let Ok(serde_json::Value::Array(calls)) = serde_json::from_str::<serde_json::Value>(json)
+    else {
+        return String::new();
+    };
+    calls
+        .iter()
+        .filter_map(|c| {
+            let f = c.get("function")?;
+            let name = f.get("name")?.as_str()?;
+            let args = f.get("arguments").map(|a| {
+                a.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| a.to_string())
+            });
+            Some(format!("{name}({})", args.unwrap_or_default()))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_of_each_content_shape() {
+        assert_eq!(
+            message_text("user", Some(" hi "), None).as_deref(),
+            Some("hi")
+        );
+        assert_eq!(message_text("user", None, None), None);
+        let parts = "\u{0}json:[{\"type\":\"text\",\"text\":\"look\"},{\"type\":\"image_url\",\"image_url\":{}},{\"type\":\"text\",\"text\":\"here\"}]";
+        assert_eq!(
+            message_text("user", Some(parts), None).as_deref(),
+            Some("look\nhere")
+        );
+        let calls = r#"[{"id":"1","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"df -h\"}"}}]"#;
+        assert_eq!(
+            message_text("assistant", None, Some(calls)).as_deref(),
+            Some("terminal({\"command\":\"df -h\"})")
+        );
+        let long = "x".repeat(10_000);
+        assert_eq!(
+            message_text("tool", Some(&long), None).unwrap().len(),
+            TOOL_CONTENT_CHARS
+        );
+    }
+}

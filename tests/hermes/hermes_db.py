@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Writes Hermes test databases with the real Hermes (hermes-agent==0.19.0's
+hermes_state.SessionDB), for recall's indexing tests. Prints JSON.
+
+    hermes_db.py create HOME [--mode wal|delete]     a small realistic history
+    hermes_db.py append HOME SESSION ROLE TEXT       one more message
+    hermes_db.py replace HOME SESSION KEEP [EDIT]    /retry-style rewrite: keep the first KEEP messages,
+                                                     the last of them with its text changed to EDIT
+    hermes_db.py bulk HOME N [--mode wal|delete]     N messages over N/10 sessions
+    hermes_db.py writer HOME SECONDS                 append for SECONDS; report lock errors
+"""
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import hermes_state
+
+
+def open_db(home: str, mode: str = "wal") -> "hermes_state.SessionDB":
+    if mode == "delete":
+        # Hermes picks DELETE mode on filesystems without WAL; do the same here.
+        def delete_mode(conn, **_kw):
+            conn.execute("PRAGMA journal_mode=DELETE")
+            return "delete"
+
+        hermes_state.apply_wal_with_fallback = delete_mode
+    Path(home).mkdir(parents=True, exist_ok=True)
+    return hermes_state.SessionDB(db_path=Path(home) / "state.db")
+
+
+SESSIONS = [
+    ("20260301_101500_aa0001", "cli", "Disk cleanup on the build server", [
+        ("user", "The build server says no space left on device, what can I delete?"),
+        ("assistant", "Let's look at what is using the disk: run du -sh /var/* and docker system df."),
+        ("user", "docker images take 40GB"),
+        ("assistant", "Run docker image prune -a to remove unused images, and clear old logs in /var/log."),
+    ]),
+    ("20260302_090000_aa0002", "telegram", "Nginx config error", [
+        ("user", "nginx -t says unexpected end of file in sites-enabled/default"),
+        ("assistant", "A closing brace is missing: check the server block before line 40."),
+    ]),
+    ("20260303_180000_aa0003", "cli", "数据库迁移方案", [
+        ("user", "我们讨论一下数据库从 MySQL 迁移到 PostgreSQL 的方案"),
+        ("assistant", "建议先用 pgloader 做一次全量迁移，然后用逻辑复制同步增量。"),
+    ]),
+    ("20260304_120000_aa0004", "subagent", "Delegated research", [
+        ("user", "Summarise the ERR_CONNECTION_RESET reports"),
+        ("assistant", "The resets come from the proxy's idle timeout."),
+    ]),
+    ("20260305_070000_aa0005", "cron", "Morning email digest", [
+        ("user", "Summarise my unread email"),
+        ("assistant", "You have three unread emails about the quarterly report."),
+    ]),
+]
+
+
+def create(home: str, mode: str) -> dict:
+    db = open_db(home, mode)
+    ids = {}
+    for sid, source, title, messages in SESSIONS:
+        db.create_session(sid, source, model="test-model")
+        db.set_session_title(sid, title)
+        ids[sid] = [db.append_message(sid, role, content) for role, content in messages]
+    # A tool call with no text, a tool result, and multimodal content.
+    sid = SESSIONS[0][0]
+    calls = [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{\"command\": \"df -h\"}"}}]
+    ids[sid].append(db.append_message(sid, "assistant", None, tool_calls=calls))
+    ids[sid].append(db.append_message(sid, "tool", "Filesystem Size Used Avail\n/dev/sda1 100G 99G 1G", tool_call_id="c1", tool_name="terminal"))
+    parts = [{"type": "text", "text": "Here is a screenshot of the disk usage chart"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    ids[sid].append(db.append_message(sid, "user", parts))
+    # A compressed continuation of the first session.
+    child = "20260301_113000_aa0006"
+    db.create_session(child, "cli", model="test-model", parent_session_id=sid)
+    ids[child] = [db.append_message(child, "user", "After the cleanup, the disk is at 60 percent again.")]
+    db.close()
+    return {"ids": ids}
+
+
+def append(home: str, session: str, role: str, text: str) -> dict:
+    db = open_db(home)
+    if db.get_session(session) is None:
+        db.create_session(session, "cli", model="test-model")
+    mid = db.append_message(session, role, text)
+    db.close()
+    return {"id": mid}
+
+
+def replace(home: str, session: str, keep: int, edit: str = None) -> dict:
+    db = open_db(home)
+    rows = db.get_messages(session)
+    kept = [{"role": r["role"], "content": r["content"], "timestamp": r["timestamp"]} for r in rows[:keep]]
+    if edit is not None and kept:
+        kept[-1]["content"] = edit
+    db.replace_messages(session, kept)
+    ids = [r["id"] for r in db.get_messages(session)]
+    db.close()
+    return {"ids": ids}
+
+
+TOPICS = [
+    "the server ran out of disk space and docker images filled the root partition",
+    "nginx returned 502 bad gateway after the upstream restarted",
+    "how to write a Rust iterator that borrows from a vector",
+    "planning a trip to Kyoto in the autumn with temples and gardens",
+    "a recipe for sourdough bread with a long cold fermentation",
+    "数据库迁移到 PostgreSQL 的步骤和风险",
+    "configuring a systemd timer that runs a backup every night",
+    "ERR_CONNECTION_RESET when the browser talks to the proxy",
+]
+
+
+def bulk(home: str, n: int, mode: str) -> dict:
+    db = open_db(home, mode)
+    rng = random.Random(7)
+    per = 10
+    for s in range((n + per - 1) // per):
+        sid = f"20260401_{s // 3600:02d}{(s // 60) % 60:02d}{s % 60:02d}_{s:06x}"
+        db.create_session(sid, rng.choice(["cli", "telegram", "discord"]), model="test-model")
+        for i in range(min(per, n - s * per)):
+            topic = rng.choice(TOPICS)
+            role = "user" if i % 2 == 0 else "assistant"
+            words = " ".join(rng.choice(topic.split()) for _ in range(rng.randint(5, 60)))
+            db.append_message(sid, role, f"{topic}. {words}")
+    db.close()
+    return {"messages": n}
+
+
+def writer(home: str, seconds: float) -> dict:
+    db = open_db(home)
+    sid = "20260501_000000_ffffff"
+    if db.get_session(sid) is None:
+        db.create_session(sid, "cli", model="test-model")
+    written, errors = 0, []
+    end = time.time() + seconds
+    while time.time() < end:
+        try:
+            db.append_message(sid, "user", f"concurrent message {written} about disk space")
+            written += 1
+        except Exception as e:  # a lock error here is what the test looks for
+            errors.append(repr(e))
+        time.sleep(0.005)
+    db.close()
+    return {"written": written, "errors": errors}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    mode = "wal"
+    if "--mode" in args:
+        i = args.index("--mode")
+        mode = args[i + 1]
+        del args[i : i + 2]
+    cmd, home, rest = args[0], args[1], args[2:]
+    if cmd == "create":
+        out = create(home, mode)
+    elif cmd == "append":
+        out = append(home, *rest)
+    elif cmd == "replace":
+        out = replace(home, rest[0], int(rest[1]), rest[2] if len(rest) > 2 else None)
+    elif cmd == "bulk":
+        out = bulk(home, int(rest[0]), mode)
+    elif cmd == "writer":
+        out = writer(home, float(rest[0]))
+    else:
+        raise SystemExit(__doc__)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
