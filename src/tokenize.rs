@@ -101,4 +101,9 @@ impl TextTokenizer {
             .map_err(|e| anyhow!("cannot tokenise input: {e}"))?;
         Ok(encoding.get_offsets().to_vec())
     }
+
+    /// Tokens the model would see for `text`, special tokens included, uncut.
+    pub fn count(&self, text: &str) -> Result<usize> {
+        Ok(self.spans(text)?.len() + self.added)
+    }
 }

@@ -53,18 +53,27 @@ pub fn chunk(text: &str, params: ChunkParams, tokenizer: &TextTokenizer) -> Resu
     if spans.len() <= content {
         return Ok(vec![text.to_string()]);
     }
-    let step = content - params.overlap;
     let mut chunks = Vec::new();
     let mut first = 0;
     loop {
-        let last = (first + content).min(spans.len()) - 1;
+        let mut last = (first + content).min(spans.len()) - 1;
         let start = floor_boundary(text, spans[first].0);
-        let end = ceil_boundary(text, spans[last].1);
-        chunks.push(text[start..end].to_string());
+        // A piece of text can tokenise into more tokens than its span held
+        // (a word cut in two, a prefix marker): shrink until it fits whole.
+        let piece = loop {
+            let piece = &text[start..ceil_boundary(text, spans[last].1)];
+            let excess = tokenizer.count(piece)?.saturating_sub(params.window);
+            if excess == 0 || last == first {
+                break piece;
+            }
+            last = last.saturating_sub(excess).max(first);
+        };
+        chunks.push(piece.to_string());
         if last + 1 >= spans.len() {
             break;
         }
-        first += step;
+        // Step from where this window really ended, keeping the overlap.
+        first = (last + 1).saturating_sub(params.overlap).max(first + 1);
     }
     Ok(chunks)
 }

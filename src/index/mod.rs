@@ -256,6 +256,114 @@ struct Pending {
     chunks: Vec<(Tokens, String, Option<ChunkRow>)>,
 }
 
+/// Messages chunked, embedded and written per wave: early commits, bounded memory.
+const WAVE_MESSAGES: usize = 512;
+
+/// Chunks and tokenises `wave`, taking what the cache has.
+fn prepare(
+    wave: Vec<(Message, String)>,
+    embedder: &Embedder,
+    cache: &Store,
+    namespace: &str,
+    chunking: ChunkParams,
+) -> Result<Vec<Pending>> {
+    let mut pending: Vec<Pending> = wave
+        .into_par_iter()
+        .map(|(message, fingerprint)| -> Result<Pending> {
+            let pieces = chunk::chunk(&message.text, chunking, embedder.tokenizer())?;
+            let chunks = pieces
+                .into_iter()
+                .map(|text| Ok((embedder.tokenizer().encode(&text)?, text, None)))
+                .collect::<Result<_>>()?;
+            Ok(Pending {
+                message,
+                fingerprint,
+                chunks,
+            })
+        })
+        .collect::<Result<_>>()?;
+    for p in &mut pending {
+        for (tokens, text, row) in &mut p.chunks {
+            *row = cache.cached(namespace, text, tokens.ids.len())?;
+        }
+    }
+    Ok(pending)
+}
+
+/// Length-sorted groups of about `GROUP_TOKENS` tokens.
+fn groups(mut pending: Vec<Pending>) -> Vec<Vec<Pending>> {
+    let size = |p: &Pending| p.chunks.iter().map(|c| c.0.ids.len()).sum::<usize>();
+    pending.sort_by_key(|p| std::cmp::Reverse(size(p)));
+    let mut groups: Vec<Vec<Pending>> = Vec::new();
+    let mut tokens_in_group = usize::MAX;
+    for p in pending {
+        let n = size(&p);
+        if tokens_in_group.saturating_add(n) > GROUP_TOKENS {
+            groups.push(Vec::new());
+            tokens_in_group = 0;
+        }
+        tokens_in_group += n;
+        groups.last_mut().unwrap().push(p);
+    }
+    groups
+}
+
+/// Embeds what `group` lacks and assembles its rows.
+fn embed_group(
+    embedder: &Embedder,
+    outputs: Outputs,
+    group: Vec<Pending>,
+    report: &mut Report,
+) -> Result<Vec<MessageRow>> {
+    let missing: Vec<Tokens> = group
+        .iter()
+        .flat_map(|p| {
+            p.chunks
+                .iter()
+                .filter(|c| c.2.is_none())
+                .map(|c| c.0.clone())
+        })
+        .collect();
+    let mut embedded = embedder.embed_tokens(&missing, outputs)?.into_iter();
+    let mut rows = Vec::with_capacity(group.len());
+    for p in group {
+        let mut chunks = Vec::with_capacity(p.chunks.len());
+        for (tokens, text, cached) in p.chunks {
+            report.chunks += 1;
+            report.truncated_chunks += tokens.truncated as usize;
+            let row = match cached {
+                Some(row) => {
+                    report.cached_chunks += 1;
+                    row
+                }
+                None => {
+                    let e = embedded
+                        .next()
+                        .context("the model returned fewer embeddings than inputs")?;
+                    report.tokens += e.tokens;
+                    ChunkRow {
+                        text,
+                        tokens: e.tokens,
+                        dense: e.dense.unwrap_or_default(),
+                        sparse: e.sparse,
+                    }
+                }
+            };
+            chunks.push(row);
+        }
+        rows.push(MessageRow {
+            id: p.message.id,
+            session_id: p.message.session_id,
+            role: p.message.role,
+            timestamp: p.message.timestamp,
+            fingerprint: p.fingerprint,
+            chunks,
+        });
+    }
+    report.embedded_messages += rows.len();
+    Ok(rows)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn embed_messages(
     embedder: &Embedder,
@@ -272,50 +380,8 @@ fn embed_messages(
         return Ok(());
     }
     let total = todo.len();
-    // Chunk and tokenise in parallel, then look each chunk up in the cache.
-    let mut pending: Vec<Pending> = todo
-        .into_par_iter()
-        .map(|(message, fingerprint)| -> Result<Pending> {
-            let pieces = chunk::chunk(&message.text, options.chunk, embedder.tokenizer())?;
-            let chunks = pieces
-                .into_iter()
-                .map(|text| Ok((embedder.tokenizer().encode(&text)?, text, None)))
-                .collect::<Result<_>>()?;
-            Ok(Pending {
-                message,
-                fingerprint,
-                chunks,
-            })
-        })
-        .collect::<Result<_>>()?;
-    for p in &mut pending {
-        for (tokens, text, row) in &mut p.chunks {
-            if let Some((dense, sparse)) = store.cached(namespace, text)? {
-                *row = Some(ChunkRow {
-                    text: text.clone(),
-                    tokens: tokens.ids.len(),
-                    dense,
-                    sparse,
-                });
-            }
-        }
-    }
-    let size = |p: &Pending| p.chunks.iter().map(|c| c.0.ids.len()).sum::<usize>();
-    pending.sort_by_key(|p| std::cmp::Reverse(size(p)));
-
-    // Length-sorted groups; the writer commits group n while group n+1 is embedded.
-    let mut groups: Vec<Vec<Pending>> = Vec::new();
-    let mut tokens_in_group = usize::MAX;
-    for p in pending {
-        let n = size(&p);
-        if tokens_in_group.saturating_add(n) > GROUP_TOKENS {
-            groups.push(Vec::new());
-            tokens_in_group = 0;
-        }
-        tokens_in_group += n;
-        groups.last_mut().unwrap().push(p);
-    }
-
+    // A second connection reads the cache while the writer thread holds the first.
+    let cache = Store::open(store.path())?;
     let (tx, rx) = mpsc::sync_channel::<Vec<MessageRow>>(1);
     std::thread::scope(|scope| -> Result<()> {
         let writer = scope.spawn(move || -> Result<()> {
@@ -326,58 +392,17 @@ fn embed_messages(
         });
         let mut done = 0;
         let result = (|| -> Result<()> {
-            for group in groups {
-                let missing: Vec<Tokens> = group
-                    .iter()
-                    .flat_map(|p| {
-                        p.chunks
-                            .iter()
-                            .filter(|c| c.2.is_none())
-                            .map(|c| c.0.clone())
-                    })
-                    .collect();
-                let mut embedded = embedder.embed_tokens(&missing, outputs)?.into_iter();
-                let mut rows = Vec::with_capacity(group.len());
-                for p in group {
-                    let mut chunks = Vec::with_capacity(p.chunks.len());
-                    for (tokens, text, cached) in p.chunks {
-                        report.chunks += 1;
-                        report.truncated_chunks += tokens.truncated as usize;
-                        let row = match cached {
-                            Some(row) => {
-                                report.cached_chunks += 1;
-                                row
-                            }
-                            None => {
-                                let e = embedded
-                                    .next()
-                                    .context("the model returned fewer embeddings than inputs")?;
-                                report.tokens += e.tokens;
-                                ChunkRow {
-                                    text,
-                                    tokens: e.tokens,
-                                    dense: e.dense.unwrap_or_default(),
-                                    sparse: e.sparse,
-                                }
-                            }
-                        };
-                        chunks.push(row);
+            let mut todo = todo.into_iter().peekable();
+            while todo.peek().is_some() {
+                let wave: Vec<_> = todo.by_ref().take(WAVE_MESSAGES).collect();
+                for group in groups(prepare(wave, embedder, &cache, namespace, options.chunk)?) {
+                    let rows = embed_group(embedder, outputs, group, report)?;
+                    done += rows.len();
+                    if tx.send(rows).is_err() {
+                        return Ok(()); // the writer failed; its error is reported below
                     }
-                    rows.push(MessageRow {
-                        id: p.message.id,
-                        session_id: p.message.session_id,
-                        role: p.message.role,
-                        timestamp: p.message.timestamp,
-                        fingerprint: p.fingerprint,
-                        chunks,
-                    });
+                    progress(done, total, report.chunks, report.tokens);
                 }
-                done += rows.len();
-                report.embedded_messages += rows.len();
-                if tx.send(rows).is_err() {
-                    break; // the writer failed; its error is reported below
-                }
-                progress(done, total, report.chunks, report.tokens);
             }
             Ok(())
         })();

@@ -436,12 +436,8 @@ impl Store {
         Ok(())
     }
 
-    /// A cached embedding of `text` under `namespace`.
-    pub fn cached(
-        &self,
-        namespace: &str,
-        text: &str,
-    ) -> Result<Option<(Vec<f32>, Option<BTreeMap<u32, f32>>)>> {
+    /// The cached embedding of `text` under `namespace`, as a chunk of `tokens` tokens.
+    pub fn cached(&self, namespace: &str, text: &str, tokens: usize) -> Result<Option<ChunkRow>> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT dense, sparse FROM embed_cache WHERE key = ?")?;
@@ -450,7 +446,12 @@ impl Store {
                 Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
             })
             .optional()?;
-        Ok(row.map(|(d, s)| (blob_f32(&d), s.as_deref().map(blob_sparse))))
+        Ok(row.map(|(dense, sparse)| ChunkRow {
+            text: text.to_string(),
+            tokens,
+            dense: blob_f32(&dense),
+            sparse: sparse.as_deref().map(blob_sparse),
+        }))
     }
 
     pub fn count(&self, sql: &str) -> Result<i64> {

@@ -1,0 +1,566 @@
+//! `recall index` on databases written by the real Hermes
+//! (hermes-agent==0.19.0's SessionDB, driven by tests/hermes/hermes_db.py),
+//! and on the v5 and v30 schemas built from their DDL.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+use recall::index::store::Store;
+use rusqlite::Connection;
+use serde_json::Value;
+
+/// Runs tests/hermes/hermes_db.py with the Python that has hermes-agent.
+fn hermes(args: &[&str]) -> Value {
+    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").expect(
+        "RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh, which installs \
+         hermes-agent==0.19.0 into a venv and points this at its python",
+    );
+    let script = repo_root().join("tests/hermes/hermes_db.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hermes_db.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(
+        out.stdout
+            .split(|&b| b == b'\n')
+            .find(|l| l.starts_with(b"{"))
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+fn recall(args: &[&str]) -> (bool, String, String) {
+    let cache = std::env::temp_dir().join("recall-test-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args(args)
+        .env("RECALL_CACHE_DIR", cache)
+        .env_remove("RECALL_MODEL")
+        .env_remove("HERMES_HOME")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
+
+/// `recall index --json` on `home` with `model`; the summary.
+fn index(home: &Path, model: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "index",
+        "--json",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = recall(&args);
+    assert!(ok, "recall index failed: {err}");
+    serde_json::from_str(out.lines().last().unwrap()).unwrap()
+}
+
+fn sha256(path: &Path) -> String {
+    recall::model::manifest::sha256_file(path).unwrap()
+}
+
+/// Message ids in the index, and checks that every chunk has its vector,
+/// its FTS row and its message, with no duplicates.
+fn indexed_ids(home: &Path) -> BTreeSet<i64> {
+    let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+    let c = store.conn();
+    let count = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM chunks"),
+        count("SELECT COUNT(*) FROM chunks_vec"),
+        "a chunk without its vector"
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM chunks c LEFT JOIN messages m ON m.profile = c.profile AND m.id = c.message_id WHERE m.id IS NULL"
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.profile = m.profile AND c.message_id = m.id)"
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM chunks_vec v LEFT JOIN chunks c ON c.id = v.chunk_id WHERE c.id IS NULL"
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM chunk_sparse s LEFT JOIN chunks c ON c.id = s.chunk_id WHERE c.id IS NULL"
+        ),
+        0
+    );
+    c.execute(
+        "INSERT INTO chunks_fts (chunks_fts, rank) VALUES ('integrity-check', 1)",
+        [],
+    )
+    .expect("FTS index out of step");
+    let mut stmt = c.prepare("SELECT id FROM messages").unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+/// What Hermes's own search would show: the ids recall must hold.
+fn eligible_ids(home: &Path, roles: &[&str]) -> BTreeSet<i64> {
+    let conn = Connection::open_with_flags(
+        home.join("state.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let roles = roles
+        .iter()
+        .map(|r| format!("'{r}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let sql = format!(
+        "SELECT id FROM messages WHERE role IN ({roles}) AND NOT (active = 0 AND compacted = 0) \
+         AND (TRIM(COALESCE(content, '')) <> '' OR tool_calls IS NOT NULL)"
+    );
+    let mut stmt = conn.prepare(&sql).unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+fn home_in(tmp: &tempfile::TempDir) -> PathBuf {
+    tmp.path().join("hermes")
+}
+
+#[test]
+fn indexes_real_hermes_in_wal_and_delete_mode_without_touching_state_db() {
+    for mode in ["wal", "delete"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = home_in(&tmp);
+        hermes(&["create", home.to_str().unwrap(), "--mode", mode]);
+        let journal: String = Connection::open(home.join("state.db"))
+            .unwrap()
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, mode);
+        let before = sha256(&home.join("state.db"));
+        let report = index(&home, &tiny_model_dir(), &[]);
+        assert_eq!(
+            sha256(&home.join("state.db")),
+            before,
+            "{mode}: state.db changed"
+        );
+        assert_eq!(report["messages"], 15, "{mode}: {report}");
+        assert_eq!(report["embedded_messages"], 15);
+        assert_eq!(
+            indexed_ids(&home),
+            eligible_ids(&home, &["user", "assistant"]),
+            "{mode}"
+        );
+
+        let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+        let c = store.conn();
+        let text = |id: i64| -> String {
+            c.query_row("SELECT text FROM chunks WHERE message_id = ?", [id], |r| {
+                r.get(0)
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            text(15),
+            "Here is a screenshot of the disk usage chart",
+            "text parts of \\x00json: content"
+        );
+        assert_eq!(
+            text(13),
+            "terminal({\"command\": \"df -h\"})",
+            "a tool-call-only turn"
+        );
+        let hidden: Vec<(String, bool)> = c
+            .prepare("SELECT id, hidden FROM sessions ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert!(
+            hidden.contains(&("20260304_120000_aa0004".into(), true)),
+            "subagent sessions are marked hidden"
+        );
+        assert!(
+            hidden.contains(&("20260305_070000_aa0005".into(), false)),
+            "cron sessions are kept"
+        );
+        let root: String = c
+            .query_row(
+                "SELECT lineage_root FROM sessions WHERE id = '20260301_113000_aa0006'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(root, "20260301_101500_aa0001");
+        let cjk: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH '数据库'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(cjk, 1, "the FTS index finds Chinese text");
+        drop(store);
+
+        // Tool results on request, cut at Hermes's 8192 characters.
+        let report = index(
+            &home,
+            &tiny_model_dir(),
+            &["--roles", "user,assistant,tool"],
+        );
+        assert_eq!(
+            report["embedded_messages"], 1,
+            "only the tool result is new: {report}"
+        );
+        assert_eq!(
+            indexed_ids(&home),
+            eligible_ids(&home, &["user", "assistant", "tool"])
+        );
+        assert_eq!(
+            sha256(&home.join("state.db")),
+            before,
+            "{mode}: state.db changed"
+        );
+    }
+}
+
+#[test]
+fn incremental_runs_follow_appends_deletes_and_edits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    let h = home.to_str().unwrap();
+    hermes(&["create", h]);
+    index(&home, &tiny_model_dir(), &[]);
+
+    hermes(&[
+        "append",
+        h,
+        "20260302_090000_aa0002",
+        "user",
+        "still broken after adding the brace",
+    ]);
+    hermes(&[
+        "append",
+        h,
+        "20260601_000000_abcdef",
+        "user",
+        "a brand new session about kubernetes",
+    ]);
+    let report = index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(report["embedded_messages"], 2, "{report}");
+    assert_eq!(report["unchanged_messages"], 15);
+    assert_eq!(
+        indexed_ids(&home),
+        eligible_ids(&home, &["user", "assistant"])
+    );
+
+    // /retry-style rewrite: keep the first message, edit it; the rest are deleted.
+    hermes(&[
+        "replace",
+        h,
+        "20260302_090000_aa0002",
+        "1",
+        "nginx -t now says the config is ok",
+    ]);
+    let report = index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(report["deleted_messages"], 3, "{report}");
+    assert_eq!(report["embedded_messages"], 1, "{report}");
+    assert_eq!(
+        indexed_ids(&home),
+        eligible_ids(&home, &["user", "assistant"])
+    );
+    let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+    let texts: Vec<String> = store
+        .conn()
+        .prepare("SELECT text FROM chunks WHERE session_id = '20260302_090000_aa0002'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        vec!["nginx -t now says the config is ok".to_string()]
+    );
+    let stale: i64 = store
+        .conn()
+        .query_row(
+            "SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH '\"closing brace\"'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stale, 0, "deleted text is gone from the keyword index");
+    drop(store);
+
+    // Nothing changed: nothing embedded; a re-added identical text comes from the cache.
+    let report = index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(report["embedded_messages"], 0, "{report}");
+    hermes(&[
+        "append",
+        h,
+        "20260602_000000_abcdef",
+        "user",
+        "docker images take 40GB",
+    ]);
+    let report = index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(
+        report["cached_chunks"], 1,
+        "identical text is never embedded twice: {report}"
+    );
+    assert_eq!(report["tokens"], 0);
+
+    let (ok, out, err) = recall(&["stats", "--json", "--hermes-home", h]);
+    assert!(ok, "{err}");
+    let stats: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(stats["lag_messages"], 0);
+    assert_eq!(stats["vectors"], stats["chunks"]);
+    assert_eq!(stats["identity"]["model"], "tiny-bge-m3");
+}
+
+#[test]
+fn hermes_keeps_writing_while_recall_indexes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    let h = home.to_str().unwrap().to_string();
+    hermes(&["bulk", &h, "400"]);
+    let writer = {
+        let h = h.clone();
+        std::thread::spawn(move || hermes(&["writer", &h, "4"]))
+    };
+    // Index again and again for as long as Hermes writes.
+    let mut runs = 0;
+    while !writer.is_finished() || runs == 0 {
+        index(&home, &tiny_model_dir(), &[]);
+        runs += 1;
+    }
+    let written = writer.join().unwrap();
+    assert_eq!(
+        written["errors"],
+        serde_json::json!([]),
+        "Hermes saw errors while recall read: {written}"
+    );
+    assert!(written["written"].as_u64().unwrap() > 50, "{written}");
+    index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(
+        indexed_ids(&home),
+        eligible_ids(&home, &["user", "assistant"])
+    );
+}
+
+#[test]
+fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    hermes(&["bulk", home.to_str().unwrap(), "2000", "--mode", "delete"]);
+    let model = tiny_model_dir();
+    let mut seed = 12345u64;
+    for _ in 0..6 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+            .args([
+                "index",
+                "--json",
+                "--hermes-home",
+                home.to_str().unwrap(),
+                "--model",
+                model.to_str().unwrap(),
+            ])
+            .env("RECALL_CACHE_DIR", tmp.path().join("cache"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        std::thread::sleep(std::time::Duration::from_millis(300 + (seed >> 33) % 4000));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        if home.join("recall/index.db").exists() {
+            indexed_ids(&home); // consistent after every kill
+        }
+    }
+    let report = index(&home, &model, &[]);
+    assert_eq!(
+        indexed_ids(&home),
+        eligible_ids(&home, &["user", "assistant"]),
+        "complete after resuming"
+    );
+    assert!(
+        report["unchanged_messages"].as_u64().unwrap() > 0,
+        "the killed runs' work was kept: {report}"
+    );
+}
+
+#[test]
+fn another_model_is_refused_until_rebuild() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    hermes(&["create", home.to_str().unwrap()]);
+    index(&home, &tiny_model_dir(), &[]);
+    let minilm = minilm_dir();
+    let args = [
+        "index",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        minilm.to_str().unwrap(),
+    ];
+    let (ok, _, err) = recall(&args);
+    assert!(!ok);
+    for needle in [
+        "never mixed",
+        "model: index has tiny-bge-m3, now all-MiniLM-L6-v2",
+        "dimension: index has 32, now 384",
+        "recall index --rebuild",
+    ] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
+    let report = index(&home, &minilm, &["--rebuild"]);
+    assert_eq!(report["embedded_messages"], 15, "{report}");
+    let (_, out, _) = recall(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
+    let stats: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(stats["identity"]["dimension"], 384);
+    assert_eq!(
+        indexed_ids(&home),
+        eligible_ids(&home, &["user", "assistant"])
+    );
+}
+
+#[test]
+fn session_files_profiles_and_missing_database() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    hermes(&["create", home.to_str().unwrap()]);
+    hermes(&[
+        "append",
+        home.join("profiles/work").to_str().unwrap(),
+        "20260701_000000_0000aa",
+        "user",
+        "work profile message",
+    ]);
+    std::fs::create_dir_all(home.join("sessions")).unwrap();
+    std::fs::write(
+        home.join("sessions/20250101_000000_0f0f0f.jsonl"),
+        "{\"role\":\"session_meta\",\"platform\":\"telegram\"}\n\
+         {\"role\":\"user\",\"content\":\"an old gateway transcript about backups\",\"timestamp\":1700000000}\n\
+         not json at all\n\
+         {\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"use restic\"}]}\n",
+    )
+    .unwrap();
+    // A transcript of a session state.db already holds is not read again.
+    std::fs::write(
+        home.join("sessions/20260301_101500_aa0001.jsonl"),
+        "{\"role\":\"user\",\"content\":\"dup\"}\n",
+    )
+    .unwrap();
+    let report = index(&home, &tiny_model_dir(), &["--all-profiles"]);
+    assert_eq!(report["profiles"], serde_json::json!(["default", "work"]));
+    assert_eq!(report["session_file_messages"], 2, "{report}");
+    assert_eq!(report["malformed_lines"], 1);
+    assert_eq!(report["messages"], 15 + 2 + 1);
+
+    let report = index(&home, &tiny_model_dir(), &["--profile", "work"]);
+    assert_eq!(report["profiles"], serde_json::json!(["work"]));
+
+    let (ok, _, err) = recall(&[
+        "index",
+        "--hermes-home",
+        tmp.path().join("nowhere").to_str().unwrap(),
+        "--model",
+        tiny_model_dir().to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("no Hermes database"), "{err}");
+}
+
+const V5_DDL: &str = "
+CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, user_id TEXT, model TEXT, model_config TEXT,
+  system_prompt TEXT, parent_session_id TEXT, started_at REAL NOT NULL, ended_at REAL, end_reason TEXT,
+  message_count INTEGER DEFAULT 0, tool_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0,
+  output_tokens INTEGER DEFAULT 0, title TEXT);
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, role TEXT NOT NULL,
+  content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, timestamp REAL NOT NULL, token_count INTEGER,
+  finish_reason TEXT);
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content=messages, content_rowid=id);
+";
+
+const V30_DDL: &str = "
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+INSERT INTO schema_version VALUES (30);
+CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, created_source TEXT, user_id TEXT,
+  model TEXT, model_config TEXT, parent_session_id TEXT, started_at REAL NOT NULL, ended_at REAL, title TEXT,
+  archived INTEGER NOT NULL DEFAULT 0, pinned INTEGER NOT NULL DEFAULT 0, hidden INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+  role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT, effect_disposition TEXT,
+  timestamp REAL NOT NULL, token_count INTEGER, finish_reason TEXT, reasoning TEXT, platform_message_id TEXT,
+  observed INTEGER DEFAULT 0, _compressed_summary INTEGER NOT NULL DEFAULT 0, active INTEGER NOT NULL DEFAULT 1,
+  compacted INTEGER NOT NULL DEFAULT 0, api_content TEXT, display_kind TEXT, display_metadata TEXT,
+  display_identity BLOB, display_order INTEGER);
+CREATE VIEW messages_fts_src AS SELECT id, content, tool_name, tool_calls FROM messages;
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, tool_name, tool_calls, content='messages_fts_src', content_rowid='id');
+";
+
+#[test]
+fn old_and_current_schemas_are_read_by_their_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    // v5: no active/compacted/display_kind columns.
+    let v5 = tmp.path().join("v5");
+    std::fs::create_dir_all(&v5).unwrap();
+    let c = Connection::open(v5.join("state.db")).unwrap();
+    c.execute_batch(V5_DDL).unwrap();
+    c.execute_batch(
+        "INSERT INTO sessions (id, source, started_at, title) VALUES ('20250101_000000_000001', 'cli', 1.0, 'old');
+         INSERT INTO messages (session_id, role, content, timestamp) VALUES
+           ('20250101_000000_000001', 'user', 'an old question about the disk', 1.0),
+           ('20250101_000000_000001', 'assistant', 'an old answer', 2.0),
+           ('20250101_000000_000001', 'system', 'system prompt', 0.5);",
+    )
+    .unwrap();
+    drop(c);
+    let report = index(&v5, &tiny_model_dir(), &[]);
+    assert_eq!(report["messages"], 2, "{report}");
+
+    // v30: hidden scaffolding and rewound rows are skipped, compaction-archived rows kept.
+    let v30 = tmp.path().join("v30");
+    std::fs::create_dir_all(&v30).unwrap();
+    let c = Connection::open(v30.join("state.db")).unwrap();
+    c.execute_batch(V30_DDL).unwrap();
+    c.execute_batch(
+        "INSERT INTO sessions (id, source, started_at) VALUES ('20261101_000000_000001', 'cli', 1.0);
+         INSERT INTO messages (id, session_id, role, content, timestamp, active, compacted, display_kind) VALUES
+           (1, '20261101_000000_000001', 'user', 'live message', 1.0, 1, 0, NULL),
+           (2, '20261101_000000_000001', 'assistant', 'archived by compaction', 2.0, 0, 1, NULL),
+           (3, '20261101_000000_000001', 'user', 'rewound by undo', 3.0, 0, 0, NULL),
+           (4, '20261101_000000_000001', 'user', 'model-facing scaffolding', 4.0, 1, 0, 'hidden');",
+    )
+    .unwrap();
+    drop(c);
+    index(&v30, &tiny_model_dir(), &[]);
+    assert_eq!(indexed_ids(&v30), BTreeSet::from([1, 2]));
+}
