@@ -52,6 +52,8 @@ pub struct Report {
     pub malformed_lines: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
+    /// Time spent in the model alone: the rest is the pipeline's cost.
+    pub embed_seconds: f64,
 }
 
 /// Progress as work is done: (messages done, messages to do, chunks done, tokens done).
@@ -380,37 +382,53 @@ fn embed_messages(
         return Ok(());
     }
     let total = todo.len();
-    // A second connection reads the cache while the writer thread holds the first.
+    // Three stages run at once: a preparer chunks and tokenises the next
+    // wave (reading the cache through its own connection), this thread
+    // embeds, and a writer commits what was embedded.
     let cache = Store::open(store.path())?;
-    let (tx, rx) = mpsc::sync_channel::<Vec<MessageRow>>(1);
+    let (group_tx, group_rx) = mpsc::sync_channel::<Vec<Pending>>(2);
+    let (row_tx, row_rx) = mpsc::sync_channel::<Vec<MessageRow>>(1);
     std::thread::scope(|scope| -> Result<()> {
+        let preparer = scope.spawn(move || -> Result<()> {
+            let mut todo = todo.into_iter().peekable();
+            while todo.peek().is_some() {
+                let wave: Vec<_> = todo.by_ref().take(WAVE_MESSAGES).collect();
+                for group in groups(prepare(wave, embedder, &cache, namespace, options.chunk)?) {
+                    if group_tx.send(group).is_err() {
+                        return Ok(()); // the embedder stopped; its error is reported
+                    }
+                }
+            }
+            Ok(())
+        });
         let writer = scope.spawn(move || -> Result<()> {
-            for rows in rx {
+            for rows in row_rx {
                 store.put_messages(profile, namespace, &rows)?;
             }
             Ok(())
         });
         let mut done = 0;
         let result = (|| -> Result<()> {
-            let mut todo = todo.into_iter().peekable();
-            while todo.peek().is_some() {
-                let wave: Vec<_> = todo.by_ref().take(WAVE_MESSAGES).collect();
-                for group in groups(prepare(wave, embedder, &cache, namespace, options.chunk)?) {
-                    let rows = embed_group(embedder, outputs, group, report)?;
-                    done += rows.len();
-                    if tx.send(rows).is_err() {
-                        return Ok(()); // the writer failed; its error is reported below
-                    }
-                    progress(done, total, report.chunks, report.tokens);
+            for group in group_rx {
+                let started = Instant::now();
+                let rows = embed_group(embedder, outputs, group, report)?;
+                report.embed_seconds += started.elapsed().as_secs_f64();
+                done += rows.len();
+                if row_tx.send(rows).is_err() {
+                    break; // the writer failed; its error is reported below
                 }
+                progress(done, total, report.chunks, report.tokens);
             }
             Ok(())
         })();
-        drop(tx);
-        let written = writer
-            .join()
-            .map_err(|_| anyhow::anyhow!("the index writer thread panicked"))?;
-        written.and(result)
+        drop(row_tx);
+        let joined = |h: std::thread::ScopedJoinHandle<'_, Result<()>>, what: &str| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("the index {what} thread panicked"))?
+        };
+        let prepared = joined(preparer, "preparer");
+        let written = joined(writer, "writer");
+        result.and(prepared).and(written)
     })
 }
 
