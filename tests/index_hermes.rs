@@ -148,6 +148,11 @@ fn eligible_ids(home: &Path, roles: &[&str]) -> BTreeSet<i64> {
         .collect()
 }
 
+/// The index holds exactly what Hermes's search would show, consistently.
+fn assert_complete(home: &Path, roles: &[&str]) {
+    assert_eq!(indexed_ids(home), eligible_ids(home, roles));
+}
+
 fn home_in(tmp: &tempfile::TempDir) -> PathBuf {
     tmp.path().join("hermes")
 }
@@ -276,10 +281,7 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["embedded_messages"], 2, "{report}");
     assert_eq!(report["unchanged_messages"], 15);
-    assert_eq!(
-        indexed_ids(&home),
-        eligible_ids(&home, &["user", "assistant"])
-    );
+    assert_complete(&home, &["user", "assistant"]);
 
     // /retry-style rewrite: keep the first message, edit it; the rest are deleted.
     hermes(&[
@@ -292,10 +294,7 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["deleted_messages"], 3, "{report}");
     assert_eq!(report["embedded_messages"], 1, "{report}");
-    assert_eq!(
-        indexed_ids(&home),
-        eligible_ids(&home, &["user", "assistant"])
-    );
+    assert_complete(&home, &["user", "assistant"]);
     let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
     let texts: Vec<String> = store
         .conn()
@@ -369,10 +368,7 @@ fn hermes_keeps_writing_while_recall_indexes() {
     );
     assert!(written["written"].as_u64().unwrap() > 50, "{written}");
     index(&home, &tiny_model_dir(), &[]);
-    assert_eq!(
-        indexed_ids(&home),
-        eligible_ids(&home, &["user", "assistant"])
-    );
+    assert_complete(&home, &["user", "assistant"]);
 }
 
 #[test]
@@ -446,10 +442,7 @@ fn another_model_is_refused_until_rebuild() {
     let (_, out, _) = recall(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
     let stats: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(stats["identity"]["dimension"], 384);
-    assert_eq!(
-        indexed_ids(&home),
-        eligible_ids(&home, &["user", "assistant"])
-    );
+    assert_complete(&home, &["user", "assistant"]);
 }
 
 #[test]

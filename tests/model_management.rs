@@ -15,17 +15,7 @@ use common::*;
 use sha2::{Digest, Sha256};
 
 const COMMIT: &str = "5617a9f61b028005a4858fdac845db406aefb181";
-const FILES: [&str; 9] = [
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "pytorch_model.bin",
-    "colbert_linear.pt",
-    "sparse_linear.pt",
-    "1_Pooling/config.json",
-    "modules.json",
-];
+use recall::model::hub::BGE_M3_FILES as FILES;
 const LFS: [&str; 3] = ["pytorch_model.bin", "colbert_linear.pt", "sparse_linear.pt"];
 
 fn sha256(bytes: &[u8]) -> String {

@@ -189,12 +189,7 @@ pub fn run(
             .sessions
             .values()
             .map(|s| SessionRow {
-                id: s.id.clone(),
-                source: s.source.clone(),
-                title: s.title.clone(),
-                model: s.model.clone(),
-                started_at: s.started_at,
-                parent: s.parent.clone(),
+                session: s.clone(),
                 lineage_root: lineage_root(&s.id, &snapshot.sessions),
                 hidden: HIDDEN_SOURCES.contains(&s.source.as_str()),
             })

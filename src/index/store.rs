@@ -17,6 +17,8 @@ use anyhow::{Context, Result, bail};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use crate::source::hermes::Session;
+
 /// Bumped when the layout below changes incompatibly.
 const LAYOUT_VERSION: i64 = 1;
 
@@ -89,16 +91,12 @@ impl Identity {
     }
 }
 
-/// A session row of the index.
+/// A session row of the index: the source's session, placed in its lineage.
 #[derive(Debug, Clone)]
 pub struct SessionRow {
-    pub id: String,
-    pub source: String,
-    pub title: Option<String>,
-    pub model: Option<String>,
-    pub started_at: f64,
-    pub parent: Option<String>,
+    pub session: Session,
     pub lineage_root: String,
+    /// From a source Hermes's search never shows (`kanban`, `subagent`, `tool`).
     pub hidden: bool,
 }
 
@@ -333,7 +331,8 @@ impl Store {
                 "INSERT INTO sessions (profile, id, source, title, model, started_at, parent_id, lineage_root, hidden)
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )?;
-            for s in sessions {
+            for row in sessions {
+                let s = &row.session;
                 insert.execute(params![
                     profile,
                     s.id,
@@ -342,8 +341,8 @@ impl Store {
                     s.model,
                     s.started_at,
                     s.parent,
-                    s.lineage_root,
-                    s.hidden
+                    row.lineage_root,
+                    row.hidden
                 ])?;
             }
         }
