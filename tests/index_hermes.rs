@@ -371,6 +371,31 @@ fn hermes_keeps_writing_while_recall_indexes() {
     assert_complete(&home, &["user", "assistant"]);
 }
 
+/// A vector and a keyword query against the index, as search runs them.
+fn search_while_indexing(home: &Path) {
+    let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+    let Some(identity) = store.identity().unwrap() else {
+        return;
+    };
+    let query = recall::index::store::f32_blob(&vec![0.1; identity.dimension]);
+    let c = store.conn();
+    let mut knn = c
+        .prepare("SELECT chunk_id FROM chunks_vec WHERE embedding MATCH ? AND k = 5")
+        .unwrap();
+    knn.query_map([query], |r| r.get::<_, i64>(0))
+        .unwrap()
+        .for_each(|r| {
+            r.unwrap();
+        });
+    let _: i64 = c
+        .query_row(
+            "SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH 'disk'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+}
+
 #[test]
 fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -394,7 +419,15 @@ fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
             .spawn()
             .unwrap();
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        std::thread::sleep(std::time::Duration::from_millis(300 + (seed >> 33) % 4000));
+        let kill_at =
+            std::time::Instant::now() + std::time::Duration::from_millis(300 + (seed >> 33) % 4000);
+        // Searching the index while the indexer writes: never locked out.
+        while std::time::Instant::now() < kill_at {
+            if home.join("recall/index.db").exists() {
+                search_while_indexing(&home);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         if home.join("recall/index.db").exists() {
@@ -439,6 +472,10 @@ fn another_model_is_refused_until_rebuild() {
     }
     let report = index(&home, &minilm, &["--rebuild"]);
     assert_eq!(report["embedded_messages"], 15, "{report}");
+    // Rebuilding again with the same model embeds nothing: the cache survives rebuilds.
+    let report = index(&home, &minilm, &["--rebuild"]);
+    assert_eq!(report["cached_chunks"], 15, "{report}");
+    assert_eq!(report["tokens"], 0, "{report}");
     let (_, out, _) = recall(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
     let stats: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(stats["identity"]["dimension"], 384);
