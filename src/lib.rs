@@ -11,6 +11,7 @@ pub mod heads;
 pub mod index;
 pub mod model;
 pub mod score;
+pub mod search;
 pub mod source;
 pub mod tokenize;
 

@@ -64,6 +64,14 @@ impl HermesArgs {
             .collect())
     }
 
+    pub fn profile_name(&self) -> Option<String> {
+        self.profile.clone()
+    }
+
+    pub fn all_profiles(&self) -> bool {
+        self.all_profiles
+    }
+
     pub fn index_path(&self) -> Result<PathBuf> {
         match &self.index {
             Some(p) => Ok(p.clone()),

@@ -4,6 +4,7 @@ mod bench;
 mod embed;
 mod index;
 mod model;
+mod search;
 
 use std::path::PathBuf;
 
@@ -38,6 +39,10 @@ enum Command {
     Index(index::IndexArgs),
     /// What the index holds, its model, and how far it lags behind Hermes.
     Stats(index::StatsArgs),
+    /// Search your Hermes sessions by meaning and by exact words (hybrid).
+    Search(search::SearchArgs),
+    /// Print a session's messages, or a window around one message.
+    Show(search::ShowArgs),
     /// Get, move and check models: fetch, export, import, verify, list, info.
     Model(model::ModelCommand),
 }
@@ -113,6 +118,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Index(args) => index::run_index(args),
         Command::Stats(args) => index::run_stats(args),
+        Command::Search(args) => search::run_search(args),
+        Command::Show(args) => search::run_show(args),
         Command::Model(cmd) => model::run(cmd),
     }
 }

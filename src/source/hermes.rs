@@ -285,6 +285,51 @@ impl StateDb {
     }
 }
 
+impl StateDb {
+    /// Every visible message of one session, any role, in order (for `recall show`).
+    pub fn session_messages(&self, session: &str) -> Result<Vec<Message>> {
+        let opt = |c: &str, fallback: &str| {
+            if self.has.contains(c) {
+                c.to_string()
+            } else {
+                fallback.to_string()
+            }
+        };
+        let sql = format!(
+            "SELECT id, role, content, {}, timestamp FROM messages WHERE session_id = ? \
+             AND NOT ({} = 0 AND {} = 0) AND COALESCE({}, '') <> 'hidden' ORDER BY id",
+            opt("tool_calls", "NULL"),
+            opt("active", "1"),
+            opt("compacted", "0"),
+            opt("display_kind", "NULL"),
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let rows = stmt.query_map([session], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, Option<f64>>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, role, content, tool_calls, timestamp) = row?;
+            let text =
+                message_text(&role, content.as_deref(), tool_calls.as_deref()).unwrap_or_default();
+            out.push(Message {
+                id,
+                session_id: session.to_string(),
+                role,
+                timestamp: timestamp.unwrap_or(0.0),
+                text,
+            });
+        }
+        Ok(out)
+    }
+}
+
 /// The searchable text of a message: plain content, the text parts of
 /// `"\x00json:"` content, a tool result's first 8192 characters, or, for an
 /// assistant turn that only calls tools, the calls' names and arguments.

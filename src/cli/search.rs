@@ -1,0 +1,205 @@
+//! `recall search` and `recall show`.
+
+use std::io::IsTerminal;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use recall::index::store::Store;
+use recall::search::{self, Filters, Fusion, SearchOptions};
+use recall::source::hermes::StateDb;
+
+use super::ModelArgs;
+use super::index::HermesArgs;
+
+#[derive(Args)]
+pub struct SearchArgs {
+    /// What to look for, in any language: a question, a description, or an exact identifier.
+    query: String,
+    #[command(flatten)]
+    hermes: HermesArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Sessions to return.
+    #[arg(long, short = 'n', default_value_t = 5)]
+    limit: usize,
+    /// How the dense, keyword and sparse signals are combined.
+    #[arg(long, value_enum, default_value_t = Fusion::Rrf)]
+    fusion: Fusion,
+    /// Drop results whose best passage is less similar than this (dense cosine), unless it matches the query exactly.
+    #[arg(long, default_value_t = search::DEFAULT_MIN_SCORE)]
+    min_score: f32,
+    /// Re-rank the best passages by BGE-M3's ColBERT score.
+    #[arg(long)]
+    rerank: bool,
+    /// Diversify results (maximal marginal relevance); λ = 1 is pure relevance.
+    #[arg(long, value_name = "LAMBDA")]
+    mmr: Option<f32>,
+    /// Favour recent sessions: a result's score halves every DAYS.
+    #[arg(long, value_name = "DAYS")]
+    half_life: Option<f64>,
+    /// Only messages of these roles (comma-separated: user, assistant, tool).
+    #[arg(long, value_delimiter = ',')]
+    role: Vec<String>,
+    /// Only sessions from these sources (comma-separated: cli, telegram, cron, ...).
+    #[arg(long, value_delimiter = ',')]
+    source: Vec<String>,
+    /// Only messages written at or after this time (YYYY-MM-DD[THH:MM], UTC, or Unix seconds).
+    #[arg(long)]
+    since: Option<String>,
+    /// Only messages written at or before this time.
+    #[arg(long)]
+    until: Option<String>,
+    /// Only this session (and its lineage).
+    #[arg(long)]
+    session: Option<String>,
+    /// One JSON object per result (schema in the README).
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run_search(args: SearchArgs) -> Result<()> {
+    let index_path = args.hermes.index_path()?;
+    let store = Store::open_existing(&index_path)?;
+    let embedder = args.model.load()?;
+    let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {
+        (Some(p), _) => vec![p.clone()],
+        (None, true) => Vec::new(),
+        (None, false) => vec!["default".to_string()],
+    };
+    let options = SearchOptions {
+        limit: args.limit,
+        fusion: args.fusion,
+        min_score: args.min_score,
+        rerank: args.rerank,
+        mmr: args.mmr,
+        half_life_days: args.half_life,
+        filters: Filters {
+            roles: args.role,
+            sources: args.source,
+            since: args.since.as_deref().map(search::parse_time).transpose()?,
+            until: args.until.as_deref().map(search::parse_time).transpose()?,
+            session: args.session,
+            profiles,
+        },
+    };
+    let (hits, info) = search::search(&store, Some(&embedder), &args.query, &options)?;
+    if args.json {
+        for hit in &hits {
+            println!("{}", serde_json::to_string(hit)?);
+        }
+        return Ok(());
+    }
+    if hits.is_empty() {
+        println!(
+            "no session matches (searched {} passages; --min-score {} hides weak matches)",
+            info.candidates, options.min_score
+        );
+        return Ok(());
+    }
+    let color = std::io::stdout().is_terminal();
+    for (i, hit) in hits.iter().enumerate() {
+        let title = hit.title.as_deref().unwrap_or("(untitled)");
+        println!(
+            "{}. {title}  [{} · {} · score {:.3}]",
+            i + 1,
+            hit.when,
+            hit.source,
+            hit.score
+        );
+        println!(
+            "   {} (message {}, {})",
+            hit.link, hit.match_message_id, hit.role
+        );
+        for s in std::iter::once(&hit.snippet).chain(&hit.snippets) {
+            println!("   {}", highlight(s, &args.query, color));
+        }
+    }
+    Ok(())
+}
+
+/// Query words in bold on a terminal.
+fn highlight(text: &str, query: &str, color: bool) -> String {
+    if !color {
+        return text.to_string();
+    }
+    let mut out = text.to_string();
+    for word in query.split_whitespace().filter(|w| w.chars().count() >= 2) {
+        if let Some(at) = out.find(word) {
+            out.replace_range(at..at + word.len(), &format!("\x1b[1m{word}\x1b[0m"));
+        }
+    }
+    out
+}
+
+#[derive(Args)]
+pub struct ShowArgs {
+    /// The session id (or a `@session:<profile>/<id>` link).
+    session: String,
+    #[command(flatten)]
+    hermes: HermesArgs,
+    /// Centre the window on this message id.
+    #[arg(long)]
+    around: Option<i64>,
+    /// Messages on each side of --around.
+    #[arg(long, default_value_t = 5)]
+    window: usize,
+}
+
+pub fn run_show(args: ShowArgs) -> Result<()> {
+    let (profile, id) = match args
+        .session
+        .strip_prefix("@session:")
+        .and_then(|l| l.split_once('/'))
+    {
+        Some((p, id)) => (Some(p.to_string()), id.to_string()),
+        None => (args.hermes.profile_name(), args.session.clone()),
+    };
+    let home = args.hermes.home()?;
+    let dir = match profile.as_deref() {
+        None | Some("default") => home,
+        Some(p) => home.join("profiles").join(p),
+    };
+    let db = StateDb::open(&dir.join("state.db"))?;
+    let messages = db.session_messages(&id)?;
+    if messages.is_empty() {
+        bail!(
+            "no messages for session {id} in {}",
+            dir.join("state.db").display()
+        );
+    }
+    let centre = match args.around {
+        Some(m) => messages
+            .iter()
+            .position(|x| x.id == m)
+            .with_context(|| format!("message {m} is not in session {id}"))?,
+        None => 0,
+    };
+    let start = centre.saturating_sub(if args.around.is_some() {
+        args.window
+    } else {
+        0
+    });
+    let end = (centre + args.window + 1).min(messages.len());
+    let end = if args.around.is_none() {
+        messages.len().min(start + 2 * args.window + 1)
+    } else {
+        end
+    };
+    println!(
+        "session {id}: messages {}–{} of {}",
+        start + 1,
+        end,
+        messages.len()
+    );
+    for m in &messages[start..end] {
+        let mark = if Some(m.id) == args.around { ">" } else { " " };
+        println!(
+            "{mark} [{}] {} {}: {}",
+            m.id,
+            search::rfc3339(m.timestamp),
+            m.role,
+            m.text
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,684 @@
+//! Hybrid session search over recall's index: dense similarity (sqlite-vec
+//! KNN), keyword match (FTS5 trigram BM25, so CJK text is found) and BGE-M3's
+//! sparse lexical score, fused by reciprocal rank (or weighted as openClaw
+//! does), then grouped into sessions by lineage, Hermes's rules applied.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::{Context, Result, bail};
+use rusqlite::params_from_iter;
+use rusqlite::types::Value as SqlValue;
+use serde::Serialize;
+
+use crate::embedder::{Embedder, Outputs};
+use crate::index::store::{Identity, Store, f32_blob};
+use crate::score;
+
+/// Reciprocal rank fusion's constant.
+const RRF_K: f32 = 60.0;
+/// Hermes caps FTS queries at this many characters.
+const MAX_KEYWORD_QUERY_CHARS: usize = 2048;
+/// Longest snippet, in characters.
+const SNIPPET_CHARS: usize = 240;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fusion {
+    /// Reciprocal rank fusion of the three signals.
+    Rrf,
+    /// 0.7 × dense cosine + 0.3 × keyword score, as openClaw's memorySearch.
+    Weighted,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Filters {
+    pub roles: Vec<String>,
+    pub sources: Vec<String>,
+    /// Unix seconds.
+    pub since: Option<f64>,
+    pub until: Option<f64>,
+    /// A session id: hits in it or in its lineage.
+    pub session: Option<String>,
+    /// Profiles to search; empty: all in the index.
+    pub profiles: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SearchOptions {
+    pub limit: usize,
+    pub fusion: Fusion,
+    /// Results whose best passage has a lower dense cosine, and no exact keyword match, are dropped.
+    pub min_score: f32,
+    pub filters: Filters,
+    /// Re-rank the top candidates by BGE-M3's ColBERT score.
+    pub rerank: bool,
+    /// MMR diversity: 1.0 is pure relevance.
+    pub mmr: Option<f32>,
+    /// Halve a result's score every this many days of age.
+    pub half_life_days: Option<f64>,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        Self {
+            limit: 5,
+            fusion: Fusion::Rrf,
+            min_score: DEFAULT_MIN_SCORE,
+            filters: Filters::default(),
+            rerank: false,
+            mmr: None,
+            half_life_days: None,
+        }
+    }
+}
+
+/// The default minimum dense cosine of a result's best passage (see README, "Search").
+pub const DEFAULT_MIN_SCORE: f32 = 0.35;
+
+/// One session found, in the shape of Hermes's own `session_search` results.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionHit {
+    pub session_id: String,
+    /// `@session:<profile>/<id>`, which Hermes's tools open.
+    pub link: String,
+    pub profile: String,
+    /// When the matching message was written (RFC 3339, UTC).
+    pub when: String,
+    pub source: String,
+    pub model: Option<String>,
+    pub title: Option<String>,
+    pub role: String,
+    pub match_message_id: i64,
+    pub snippet: String,
+    /// Further matching passages of the same conversation.
+    pub snippets: Vec<String>,
+    pub score: f32,
+    /// Cosine of the query and the best passage.
+    pub similarity: f32,
+    pub lineage_root: String,
+}
+
+/// How the search ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchInfo {
+    /// `hybrid`, or `keyword` when no embedding was possible.
+    pub mode: String,
+    pub candidates: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Chunk {
+    id: i64,
+    profile: String,
+    session_id: String,
+    message_id: i64,
+    role: String,
+    timestamp: f64,
+    text: String,
+    source: String,
+    title: Option<String>,
+    model: Option<String>,
+    lineage_root: String,
+    hidden: bool,
+}
+
+/// Searches `store` for `query`. `embedder` must be the model the index was
+/// built with; without one, the search is keyword-only and says so.
+pub fn search(
+    store: &Store,
+    embedder: Option<&Embedder>,
+    query: &str,
+    options: &SearchOptions,
+) -> Result<(Vec<SessionHit>, SearchInfo)> {
+    let query = query.trim();
+    if query.is_empty() {
+        bail!("the query is empty");
+    }
+    if options.limit == 0 {
+        bail!("--limit must be at least 1");
+    }
+    let identity = store
+        .identity()?
+        .context("the index is empty: run `recall index` first")?;
+    let pool = (options.limit * 40).clamp(100, 1000);
+
+    let embedded = match embedder {
+        Some(e) => {
+            check_model(e, &identity)?;
+            let outputs = Outputs {
+                dense: true,
+                sparse: identity.sparse,
+                colbert: false,
+            };
+            e.embed(&[query], outputs)?.pop()
+        }
+        None => None,
+    };
+
+    let mut lists: Vec<Vec<i64>> = Vec::new();
+    let mut dense_sim: HashMap<i64, f32> = HashMap::new();
+    if let Some(dense) = embedded.as_ref().and_then(|e| e.dense.as_ref()) {
+        let hits = dense_candidates(store, dense, pool, identity.normalized)?;
+        lists.push(hits.iter().map(|h| h.0).collect());
+        dense_sim.extend(hits);
+    }
+    let (phrase, keyword) = keyword_candidates(store, query, pool)?;
+    let exact: HashSet<i64> = phrase.iter().map(|h| h.0).collect();
+    let mut keyword_score: HashMap<i64, f32> = HashMap::new();
+    let mut keyword_list = Vec::new();
+    for (id, rank) in phrase.into_iter().chain(keyword) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = keyword_score.entry(id) {
+            slot.insert(bm25_to_score(rank));
+            keyword_list.push(id);
+        }
+    }
+    lists.push(keyword_list);
+    if let Some(sparse) = embedded.as_ref().and_then(|e| e.sparse.as_ref()) {
+        lists.push(sparse_candidates(store, sparse, pool)?);
+    }
+
+    let mut fused: HashMap<i64, f32> = HashMap::new();
+    match options.fusion {
+        Fusion::Rrf => {
+            for list in &lists {
+                for (rank, id) in list.iter().enumerate() {
+                    *fused.entry(*id).or_default() += 1.0 / (RRF_K + rank as f32 + 1.0);
+                }
+            }
+        }
+        Fusion::Weighted => {
+            for list in &lists {
+                for id in list {
+                    fused.entry(*id).or_default();
+                }
+            }
+            for (id, s) in fused.iter_mut() {
+                *s = 0.7 * dense_sim.get(id).copied().unwrap_or(0.0)
+                    + 0.3 * keyword_score.get(id).copied().unwrap_or(0.0);
+            }
+        }
+    }
+    let candidates = fused.len();
+    let ids: Vec<i64> = fused.keys().copied().collect();
+    let chunks = load_chunks(store, &ids)?;
+    // Passages only keyword search found still need their cosine, for the minimum score.
+    if let Some(dense) = embedded.as_ref().and_then(|e| e.dense.as_ref()) {
+        let missing: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !dense_sim.contains_key(id))
+            .collect();
+        dense_sim.extend(exact_similarity(
+            store,
+            dense,
+            &missing,
+            identity.normalized,
+        )?);
+    }
+
+    let now = crate::index::unix_now();
+    let mut kept: Vec<(Chunk, f32, f32)> = Vec::new();
+    for chunk in chunks.into_values() {
+        if chunk.hidden || !passes(&chunk, &options.filters) {
+            continue;
+        }
+        let similarity = dense_sim.get(&chunk.id).copied().unwrap_or(0.0);
+        let relevant =
+            embedded.is_none() || similarity >= options.min_score || exact.contains(&chunk.id);
+        if !relevant {
+            continue;
+        }
+        let mut s = fused[&chunk.id];
+        if let Some(half_life) = options.half_life_days {
+            let age_days = ((now - chunk.timestamp) / 86_400.0).max(0.0);
+            s *= (-(std::f64::consts::LN_2) * age_days / half_life).exp() as f32;
+        }
+        kept.push((chunk, s, similarity));
+    }
+    kept.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.id.cmp(&b.0.id)));
+
+    if options.rerank {
+        let embedder = embedder.context("--rerank needs the model")?;
+        kept = rerank(embedder, query, kept, options.limit * 4)?;
+    }
+
+    let mut results = group(kept, query);
+    // Hermes ranks cron sessions below interactive ones.
+    results.sort_by(|a, b| {
+        (a.source == "cron")
+            .cmp(&(b.source == "cron"))
+            .then(b.score.total_cmp(&a.score))
+    });
+    if let Some(lambda) = options.mmr {
+        results = mmr(results, lambda, options.limit)?;
+    }
+    results.truncate(options.limit);
+    let mode = if embedded.is_some() {
+        "hybrid"
+    } else {
+        "keyword"
+    };
+    Ok((
+        results,
+        SearchInfo {
+            mode: mode.into(),
+            candidates,
+        },
+    ))
+}
+
+/// The model must be the one the vectors came from.
+fn check_model(embedder: &Embedder, identity: &Identity) -> Result<()> {
+    let now = crate::index::identity(
+        embedder,
+        crate::index::chunk::ChunkParams {
+            window: identity.chunk_tokens,
+            overlap: identity.chunk_overlap,
+        },
+    );
+    if now.embedding_key() != identity.embedding_key() {
+        bail!(
+            "the index was built with another model, so its vectors cannot be compared with this query's:\n  {}\n\
+             Search with that model (--model), or run `recall index --rebuild` with this one.",
+            identity.differences(&now).join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+fn dense_candidates(
+    store: &Store,
+    query: &[f32],
+    k: usize,
+    normalized: bool,
+) -> Result<Vec<(i64, f32)>> {
+    let mut stmt = store
+        .conn()
+        .prepare("SELECT chunk_id, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? ORDER BY distance")?;
+    let rows = stmt.query_map(rusqlite::params![f32_blob(query), k as i64], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)? as f32))
+    })?;
+    rows.map(|r| {
+        r.map(|(id, d)| (id, l2_to_similarity(d, normalized)))
+            .map_err(Into::into)
+    })
+    .collect()
+}
+
+/// For unit vectors, cos = 1 − d²/2; otherwise only the order matters.
+fn l2_to_similarity(distance: f32, normalized: bool) -> f32 {
+    if normalized {
+        1.0 - distance * distance / 2.0
+    } else {
+        -distance
+    }
+}
+
+fn exact_similarity(
+    store: &Store,
+    query: &[f32],
+    ids: &[i64],
+    normalized: bool,
+) -> Result<Vec<(i64, f32)>> {
+    let mut stmt = store.conn().prepare_cached(
+        "SELECT vec_distance_l2(embedding, ?) FROM chunks_vec WHERE chunk_id = ?",
+    )?;
+    let blob = f32_blob(query);
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let d: f64 = stmt.query_row(rusqlite::params![blob, id], |r| r.get(0))?;
+        out.push((*id, l2_to_similarity(d as f32, normalized)));
+    }
+    Ok(out)
+}
+
+/// FTS5 BM25 ranks are negative, lower is better: map to (0, 1).
+fn bm25_to_score(rank: f64) -> f32 {
+    (if rank < 0.0 {
+        -rank / (1.0 - rank)
+    } else {
+        1.0 / (1.0 + rank)
+    }) as f32
+}
+
+/// Keyword hits: the whole query as an exact phrase first (identifiers such
+/// as `nginx -t`), then all its words. Words are quoted, so FTS5 syntax in
+/// the query (`"`, `*`, `NEAR`, `:`) is only text. The trigram tokenizer
+/// needs three characters; shorter queries use a substring scan.
+fn keyword_candidates(
+    store: &Store,
+    query: &str,
+    k: usize,
+) -> Result<(Vec<(i64, f64)>, Vec<(i64, f64)>)> {
+    let query: String = query.chars().take(MAX_KEYWORD_QUERY_CHARS).collect();
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let run = |fts: &str| -> Result<Vec<(i64, f64)>> {
+        let mut stmt = store
+            .conn()
+            .prepare_cached("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts) LIMIT ?")?;
+        let rows = stmt.query_map(rusqlite::params![fts, k as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    };
+    if query.chars().count() < 3 {
+        let mut stmt = store
+            .conn()
+            .prepare_cached("SELECT id FROM chunks WHERE instr(text, ?) > 0 LIMIT ?")?;
+        let rows = stmt.query_map(rusqlite::params![query, k as i64], |r| {
+            Ok((r.get(0)?, -1.0))
+        })?;
+        return Ok((rows.collect::<rusqlite::Result<_>>()?, Vec::new()));
+    }
+    let phrase = run(&quote(&query))?;
+    let words: Vec<String> = query
+        .split_whitespace()
+        .filter(|w| w.chars().count() >= 3)
+        .map(quote)
+        .collect();
+    let all_words = if words.len() > 1 {
+        run(&words.join(" AND "))?
+    } else {
+        Vec::new()
+    };
+    Ok((phrase, all_words))
+}
+
+fn sparse_candidates(store: &Store, query: &BTreeMap<u32, f32>, k: usize) -> Result<Vec<i64>> {
+    if query.is_empty() {
+        return Ok(Vec::new());
+    }
+    let values = vec!["(?, ?)"; query.len()].join(", ");
+    let sql = format!(
+        "WITH q(token_id, weight) AS (VALUES {values}) \
+         SELECT s.chunk_id, SUM(s.weight * q.weight) AS score FROM chunk_sparse s JOIN q USING (token_id) \
+         GROUP BY s.chunk_id ORDER BY score DESC LIMIT ?"
+    );
+    let mut params: Vec<SqlValue> = Vec::with_capacity(query.len() * 2 + 1);
+    for (id, w) in query {
+        params.push(SqlValue::Integer(*id as i64));
+        params.push(SqlValue::Real(*w as f64));
+    }
+    params.push(SqlValue::Integer(k as i64));
+    let mut stmt = store.conn().prepare(&sql)?;
+    let rows = stmt.query_map(params_from_iter(params), |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+fn load_chunks(store: &Store, ids: &[i64]) -> Result<HashMap<i64, Chunk>> {
+    let mut out = HashMap::with_capacity(ids.len());
+    let mut stmt = store.conn().prepare_cached(
+        "SELECT c.id, c.profile, c.session_id, c.message_id, c.role, c.timestamp, c.text,
+                COALESCE(s.source, ''), s.title, s.model, COALESCE(s.lineage_root, c.session_id), COALESCE(s.hidden, 0)
+         FROM chunks c LEFT JOIN sessions s ON s.profile = c.profile AND s.id = c.session_id WHERE c.id = ?",
+    )?;
+    for id in ids {
+        let chunk = stmt.query_row([id], |r| {
+            Ok(Chunk {
+                id: r.get(0)?,
+                profile: r.get(1)?,
+                session_id: r.get(2)?,
+                message_id: r.get(3)?,
+                role: r.get(4)?,
+                timestamp: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+                text: r.get(6)?,
+                source: r.get(7)?,
+                title: r.get(8)?,
+                model: r.get(9)?,
+                lineage_root: r.get(10)?,
+                hidden: r.get(11)?,
+            })
+        });
+        match chunk {
+            Ok(c) => {
+                out.insert(c.id, c);
+            }
+            // Deleted by an indexer running beside us: skip it.
+            Err(rusqlite::Error::QueryReturnedNoRows) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
+fn passes(c: &Chunk, f: &Filters) -> bool {
+    (f.roles.is_empty() || f.roles.contains(&c.role))
+        && (f.sources.is_empty() || f.sources.contains(&c.source))
+        && f.since.is_none_or(|t| c.timestamp >= t)
+        && f.until.is_none_or(|t| c.timestamp <= t)
+        && f.session
+            .as_ref()
+            .is_none_or(|s| *s == c.session_id || *s == c.lineage_root)
+        && (f.profiles.is_empty() || f.profiles.contains(&c.profile))
+}
+
+/// ColBERT late-interaction scores of the top `n` passages replace their fused scores.
+fn rerank(
+    embedder: &Embedder,
+    query: &str,
+    mut kept: Vec<(Chunk, f32, f32)>,
+    n: usize,
+) -> Result<Vec<(Chunk, f32, f32)>> {
+    let n = n.min(kept.len());
+    let colbert = Outputs {
+        dense: false,
+        sparse: false,
+        colbert: true,
+    };
+    embedder
+        .check_outputs(colbert)
+        .context("--rerank needs BGE-M3's ColBERT head")?;
+    let mut texts: Vec<&str> = vec![query];
+    texts.extend(kept[..n].iter().map(|k| k.0.text.as_str()));
+    let vectors = embedder.embed(&texts, colbert)?;
+    let q = vectors[0]
+        .colbert
+        .as_ref()
+        .context("no ColBERT vectors for the query")?;
+    for (k, v) in kept[..n].iter_mut().zip(&vectors[1..]) {
+        k.1 = score::colbert(q, v.colbert.as_ref().context("no ColBERT vectors")?);
+    }
+    kept[..n].sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(kept)
+}
+
+/// Sessions, not fragments: one result per conversation lineage, with its best passages.
+fn group(kept: Vec<(Chunk, f32, f32)>, query: &str) -> Vec<SessionHit> {
+    let mut order: Vec<(String, String)> = Vec::new();
+    let mut by_lineage: HashMap<(String, String), SessionHit> = HashMap::new();
+    for (chunk, s, similarity) in kept {
+        let key = (chunk.profile.clone(), chunk.lineage_root.clone());
+        match by_lineage.get_mut(&key) {
+            Some(hit) => {
+                if hit.snippets.len() < 2 {
+                    hit.snippets.push(snippet(&chunk.text, query));
+                }
+            }
+            None => {
+                order.push(key.clone());
+                by_lineage.insert(
+                    key,
+                    SessionHit {
+                        link: format!("@session:{}/{}", chunk.profile, chunk.session_id),
+                        session_id: chunk.session_id,
+                        profile: chunk.profile,
+                        when: rfc3339(chunk.timestamp),
+                        source: chunk.source,
+                        model: chunk.model,
+                        title: chunk.title,
+                        role: chunk.role,
+                        match_message_id: chunk.message_id,
+                        snippet: snippet(&chunk.text, query),
+                        snippets: Vec::new(),
+                        score: s,
+                        similarity,
+                        lineage_root: chunk.lineage_root,
+                    },
+                );
+            }
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|k| by_lineage.remove(&k))
+        .collect()
+}
+
+/// Maximal marginal relevance over results, by their best passages' words.
+fn mmr(results: Vec<SessionHit>, lambda: f32, limit: usize) -> Result<Vec<SessionHit>> {
+    if !(0.0..=1.0).contains(&lambda) {
+        bail!("--mmr takes a λ between 0 and 1");
+    }
+    let words = |h: &SessionHit| -> HashSet<String> {
+        h.snippet
+            .to_lowercase()
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let sets: Vec<HashSet<String>> = results.iter().map(words).collect();
+    let (lo, hi) = results.iter().fold((f32::MAX, f32::MIN), |(lo, hi), r| {
+        (lo.min(r.score), hi.max(r.score))
+    });
+    let norm = |s: f32| if hi > lo { (s - lo) / (hi - lo) } else { 1.0 };
+    let mut picked: Vec<usize> = Vec::new();
+    let mut left: Vec<usize> = (0..results.len()).collect();
+    while picked.len() < limit && !left.is_empty() {
+        let value = |i: usize| {
+            let overlap = picked
+                .iter()
+                .map(|&j| {
+                    let inter = sets[i].intersection(&sets[j]).count() as f32;
+                    let union = sets[i].union(&sets[j]).count().max(1) as f32;
+                    inter / union
+                })
+                .fold(0.0, f32::max);
+            lambda * norm(results[i].score) - (1.0 - lambda) * overlap
+        };
+        let (pos, _) = left
+            .iter()
+            .enumerate()
+            .max_by(|a, b| value(*a.1).total_cmp(&value(*b.1)))
+            .unwrap();
+        picked.push(left.remove(pos));
+    }
+    let mut results: Vec<Option<SessionHit>> = results.into_iter().map(Some).collect();
+    Ok(picked
+        .into_iter()
+        .filter_map(|i| results[i].take())
+        .collect())
+}
+
+/// The passage around the first query word it contains, at most `SNIPPET_CHARS` characters.
+fn snippet(text: &str, query: &str) -> String {
+    let lower = text.to_lowercase();
+    let at = query
+        .split_whitespace()
+        .filter_map(|w| lower.find(&w.to_lowercase()))
+        .min()
+        .filter(|_| lower.len() == text.len())
+        .unwrap_or(0);
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let center = chars.iter().position(|(i, _)| *i >= at).unwrap_or(0);
+    let start = center.saturating_sub(SNIPPET_CHARS / 3);
+    let end = (start + SNIPPET_CHARS).min(chars.len());
+    let mut out: String = chars[start..end].iter().map(|(_, c)| c).collect();
+    out = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    if start > 0 {
+        out.insert_str(0, "…");
+    }
+    if end < chars.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn rfc3339(t: f64) -> String {
+    let secs = t.max(0.0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS]` (UTC), or Unix seconds, to Unix seconds.
+pub fn parse_time(s: &str) -> Result<f64> {
+    if let Ok(t) = s.parse::<f64>() {
+        return Ok(t);
+    }
+    let bad = || {
+        anyhow::anyhow!("{s:?} is not a date: use YYYY-MM-DD, YYYY-MM-DDTHH:MM, or Unix seconds")
+    };
+    let (date, time) = s.split_once(['T', ' ']).unwrap_or((s, "00:00:00"));
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    let t: Vec<i64> = time
+        .trim_end_matches('Z')
+        .split(':')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    let [y, m, day] = d[..] else {
+        return Err(bad());
+    };
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || t.is_empty() || t.len() > 3 {
+        return Err(bad());
+    }
+    // Days-from-civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = t[0] * 3600 + t.get(1).copied().unwrap_or(0) * 60 + t.get(2).copied().unwrap_or(0);
+    Ok((days * 86_400 + secs) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_round_trip() {
+        let t = parse_time("2026-03-01T10:15:00").unwrap();
+        assert_eq!(rfc3339(t), "2026-03-01T10:15:00Z");
+        assert_eq!(parse_time("1970-01-02").unwrap(), 86_400.0);
+        assert!(parse_time("yesterday").is_err());
+        assert!(parse_time("2026-13-01").is_err());
+    }
+
+    #[test]
+    fn snippet_centres_on_the_match() {
+        let text = format!("{} the disk is full {}", "a ".repeat(300), "b ".repeat(300));
+        let s = snippet(&text, "disk");
+        assert!(
+            s.contains("disk is full") && s.starts_with('…') && s.ends_with('…'),
+            "{s}"
+        );
+        assert_eq!(snippet("服务器磁盘空间不足", "磁盘"), "服务器磁盘空间不足");
+    }
+
+    #[test]
+    fn bm25_scores_are_monotone() {
+        assert!(bm25_to_score(-5.0) > bm25_to_score(-1.0));
+        assert!(bm25_to_score(-1.0) > 0.0 && bm25_to_score(-1.0) < 1.0);
+    }
+}

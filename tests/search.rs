@@ -1,0 +1,260 @@
+//! `recall search` and `recall show` on a history written by the real Hermes,
+//! indexed with the real all-MiniLM-L6-v2.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::Value;
+
+fn recall(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args(args)
+        .env(
+            "RECALL_CACHE_DIR",
+            std::env::temp_dir().join("recall-test-cache"),
+        )
+        .env_remove("RECALL_MODEL")
+        .env_remove("HERMES_HOME")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
+
+/// One indexed history shared by the tests (indexing it once).
+fn home() -> &'static Path {
+    static HOME: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &HOME
+        .get_or_init(|| {
+            let tmp = tempfile::tempdir().unwrap();
+            let home = tmp.path().join("hermes");
+            let python = std::env::var("RECALL_TEST_HERMES_PYTHON")
+                .expect("RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh");
+            let out = Command::new(python)
+                .arg(repo_root().join("tests/hermes/hermes_db.py"))
+                .args(["create", home.to_str().unwrap()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let minilm = minilm_dir();
+            let (ok, _, err) = recall(&[
+                "index",
+                "--hermes-home",
+                home.to_str().unwrap(),
+                "--model",
+                minilm.to_str().unwrap(),
+            ]);
+            assert!(ok, "{err}");
+            (tmp, home)
+        })
+        .1
+}
+
+/// `recall search --json QUERY EXTRA...`: the results.
+fn search(query: &str, extra: &[&str]) -> Vec<Value> {
+    let minilm = minilm_dir();
+    let mut args = vec![
+        "search",
+        "--json",
+        query,
+        "--hermes-home",
+        home().to_str().unwrap(),
+        "--model",
+        minilm.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = recall(&args);
+    assert!(ok, "search {query:?} failed: {err}");
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn first_session(results: &[Value]) -> &str {
+    results
+        .first()
+        .map(|r| r["session_id"].as_str().unwrap())
+        .unwrap_or("(nothing)")
+}
+
+#[test]
+fn a_paraphrase_finds_the_session_keywords_miss() {
+    let results = search("the server ran out of space", &[]);
+    assert_eq!(
+        first_session(&results),
+        "20260301_101500_aa0001",
+        "{results:?}"
+    );
+    let r = &results[0];
+    // The compressed continuation is the same conversation: one result, not two.
+    assert!(
+        results
+            .iter()
+            .filter(|r| r["lineage_root"] == "20260301_101500_aa0001")
+            .count()
+            == 1
+    );
+    assert_eq!(r["link"], "@session:default/20260301_101500_aa0001");
+    assert_eq!(r["title"], "Disk cleanup on the build server");
+    assert_eq!(r["source"], "cli");
+    assert!(r["match_message_id"].as_i64().unwrap() > 0);
+    assert!(r["when"].as_str().unwrap().ends_with('Z'));
+    assert!(!r["snippet"].as_str().unwrap().is_empty());
+    assert!(r["score"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn exact_identifiers_and_chinese_are_found() {
+    assert_eq!(
+        first_session(&search("nginx -t", &[])),
+        "20260302_090000_aa0002"
+    );
+    assert_eq!(
+        first_session(&search("数据库迁移", &[])),
+        "20260303_180000_aa0003"
+    );
+    assert_eq!(
+        first_session(&search("pgloader", &[])),
+        "20260303_180000_aa0003"
+    );
+}
+
+#[test]
+fn hermes_rules_hidden_sources_and_filters() {
+    // Only a subagent session mentions it: Hermes never shows those.
+    assert!(search("ERR_CONNECTION_RESET", &[]).is_empty());
+    assert_eq!(
+        first_session(&search("unread email", &[])),
+        "20260305_070000_aa0005"
+    );
+    assert!(search("unread email", &["--source", "telegram"]).is_empty());
+    let r = search("docker images", &["--role", "assistant"]);
+    assert!(r.iter().all(|r| r["role"] == "assistant"), "{r:?}");
+    assert!(search("docker images", &["--since", "2999-01-01"]).is_empty());
+    assert!(
+        search("docker images", &["--session", "20260302_090000_aa0002"])
+            .iter()
+            .all(|r| r["session_id"] == "20260302_090000_aa0002")
+    );
+    for fusion in ["rrf", "weighted"] {
+        assert_eq!(
+            first_session(&search(
+                "the server ran out of space",
+                &["--fusion", fusion]
+            )),
+            "20260301_101500_aa0001"
+        );
+    }
+    assert_eq!(
+        first_session(&search(
+            "the server ran out of space",
+            &["--mmr", "0.5", "--half-life", "30"]
+        )),
+        "20260301_101500_aa0001"
+    );
+}
+
+#[test]
+fn an_absent_topic_returns_nothing() {
+    assert!(search("a recipe for chocolate cake", &[]).is_empty());
+    assert!(search("quantum chromodynamics lattice simulation", &[]).is_empty());
+}
+
+#[test]
+fn bad_queries_get_clear_answers() {
+    let minilm = minilm_dir();
+    let h = home().to_str().unwrap();
+    let m = minilm.to_str().unwrap();
+    let (ok, _, err) = recall(&["search", "  ", "--hermes-home", h, "--model", m]);
+    assert!(!ok && err.contains("the query is empty"), "{err}");
+    let long = "disk ".repeat(20_000);
+    assert!(
+        recall(&["search", &long, "--hermes-home", h, "--model", m]).0,
+        "a 100,000-character query"
+    );
+    for syntax in [
+        "\"unbalanced",
+        "disk*",
+        "NEAR(disk space)",
+        "content:disk",
+        "a OR",
+        "\"\"",
+        "(",
+        "sites -t -- ^",
+    ] {
+        let (ok, _, err) = recall(&["search", syntax, "--hermes-home", h, "--model", m]);
+        assert!(ok, "{syntax:?}: {err}");
+    }
+    let (ok, _, err) = recall(&[
+        "search",
+        "x",
+        "--index",
+        "/nonexistent/index.db",
+        "--hermes-home",
+        h,
+        "--model",
+        m,
+    ]);
+    assert!(
+        !ok && err.contains("no index at /nonexistent/index.db"),
+        "{err}"
+    );
+    let tiny = tiny_model_dir();
+    let (ok, _, err) = recall(&[
+        "search",
+        "disk",
+        "--hermes-home",
+        h,
+        "--model",
+        tiny.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("built with another model"), "{err}");
+}
+
+#[test]
+fn show_prints_the_window_around_a_hit() {
+    let h = home().to_str().unwrap();
+    let (ok, out, err) = recall(&[
+        "show",
+        "@session:default/20260301_101500_aa0001",
+        "--hermes-home",
+        h,
+        "--around",
+        "3",
+        "--window",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(
+        lines[2].starts_with("> [3]") && lines[2].contains("docker images take 40GB"),
+        "{out}"
+    );
+    let (ok, _, err) = recall(&[
+        "show",
+        "20260301_101500_aa0001",
+        "--hermes-home",
+        h,
+        "--around",
+        "9999",
+    ]);
+    assert!(
+        !ok && err.contains("message 9999 is not in session"),
+        "{err}"
+    );
+}
