@@ -341,18 +341,17 @@ fn bm25_to_score(rank: f64) -> f32 {
     }) as f32
 }
 
+/// Chunk ids with their BM25 rank, best first.
+type Ranked = Vec<(i64, f64)>;
+
 /// Keyword hits: the whole query as an exact phrase first (identifiers such
 /// as `nginx -t`), then all its words. Words are quoted, so FTS5 syntax in
 /// the query (`"`, `*`, `NEAR`, `:`) is only text. The trigram tokenizer
 /// needs three characters; shorter queries use a substring scan.
-fn keyword_candidates(
-    store: &Store,
-    query: &str,
-    k: usize,
-) -> Result<(Vec<(i64, f64)>, Vec<(i64, f64)>)> {
+fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<(Ranked, Ranked)> {
     let query: String = query.chars().take(MAX_KEYWORD_QUERY_CHARS).collect();
     let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-    let run = |fts: &str| -> Result<Vec<(i64, f64)>> {
+    let run = |fts: &str| -> Result<Ranked> {
         let mut stmt = store
             .conn()
             .prepare_cached("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts) LIMIT ?")?;
@@ -586,7 +585,7 @@ fn snippet(text: &str, query: &str) -> String {
     let mut out: String = chars[start..end].iter().map(|(_, c)| c).collect();
     out = out.split_whitespace().collect::<Vec<_>>().join(" ");
     if start > 0 {
-        out.insert_str(0, "…");
+        out.insert(0, '…');
     }
     if end < chars.len() {
         out.push('…');
