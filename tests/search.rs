@@ -136,7 +136,12 @@ fn exact_identifiers_and_chinese_are_found() {
 #[test]
 fn hermes_rules_hidden_sources_and_filters() {
     // Only a subagent session mentions it: Hermes never shows those.
-    assert!(search("ERR_CONNECTION_RESET", &[]).is_empty());
+    let r = search("ERR_CONNECTION_RESET", &[]);
+    assert!(
+        r.iter()
+            .all(|r| r["session_id"] != "20260304_120000_aa0004"),
+        "a subagent session was returned: {r:?}"
+    );
     assert_eq!(
         first_session(&search("unread email", &[])),
         "20260305_070000_aa0005"

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use recall::index::store::Store;
-use recall::search::{self, Filters, Fusion, SearchOptions};
+use recall::search::{self, Filters, Fusion, SearchOptions, Signals};
 use recall::source::hermes::StateDb;
 
 use super::ModelArgs;
@@ -25,6 +25,9 @@ pub struct SearchArgs {
     /// How the dense, keyword and sparse signals are combined.
     #[arg(long, value_enum, default_value_t = Fusion::Rrf)]
     fusion: Fusion,
+    /// Use all signals, or one alone: dense (meaning) or keyword (exact words).
+    #[arg(long, value_enum, default_value_t = Signals::Hybrid)]
+    signals: Signals,
     /// Drop results whose best passage is less similar than this (dense cosine), unless it matches the query exactly.
     #[arg(long, default_value_t = search::DEFAULT_MIN_SCORE)]
     min_score: f32,
@@ -60,7 +63,10 @@ pub struct SearchArgs {
 pub fn run_search(args: SearchArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
     let store = Store::open_existing(&index_path)?;
-    let embedder = args.model.load()?;
+    let embedder = match args.signals {
+        Signals::Keyword => None,
+        _ => Some(args.model.load()?),
+    };
     let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {
         (Some(p), _) => vec![p.clone()],
         (None, true) => Vec::new(),
@@ -69,6 +75,7 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
     let options = SearchOptions {
         limit: args.limit,
         fusion: args.fusion,
+        signals: args.signals,
         min_score: args.min_score,
         rerank: args.rerank,
         mmr: args.mmr,
@@ -82,7 +89,7 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
             profiles,
         },
     };
-    let (hits, info) = search::search(&store, Some(&embedder), &args.query, &options)?;
+    let (hits, info) = search::search(&store, embedder.as_ref(), &args.query, &options)?;
     if args.json {
         for hit in &hits {
             println!("{}", serde_json::to_string(hit)?);

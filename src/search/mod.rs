@@ -30,6 +30,15 @@ pub enum Fusion {
     Weighted,
 }
 
+/// Which signals to use: all three, or one alone (for comparisons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Signals {
+    Hybrid,
+    Dense,
+    Keyword,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Filters {
     pub roles: Vec<String>,
@@ -47,6 +56,7 @@ pub struct Filters {
 pub struct SearchOptions {
     pub limit: usize,
     pub fusion: Fusion,
+    pub signals: Signals,
     /// Results whose best passage has a lower dense cosine, and no exact keyword match, are dropped.
     pub min_score: f32,
     pub filters: Filters,
@@ -63,6 +73,7 @@ impl Default for SearchOptions {
         Self {
             limit: 5,
             fusion: Fusion::Rrf,
+            signals: Signals::Hybrid,
             min_score: DEFAULT_MIN_SCORE,
             filters: Filters::default(),
             rerank: false,
@@ -73,7 +84,7 @@ impl Default for SearchOptions {
 }
 
 /// The default minimum dense cosine of a result's best passage (see README, "Search").
-pub const DEFAULT_MIN_SCORE: f32 = 0.35;
+pub const DEFAULT_MIN_SCORE: f32 = 0.25;
 
 /// One session found, in the shape of Hermes's own `session_search` results.
 #[derive(Debug, Clone, Serialize)]
@@ -142,7 +153,7 @@ pub fn search(
         .context("the index is empty: run `recall index` first")?;
     let pool = (options.limit * 40).clamp(100, 1000);
 
-    let embedded = match embedder {
+    let embedded = match embedder.filter(|_| options.signals != Signals::Keyword) {
         Some(e) => {
             check_model(e, &identity)?;
             let outputs = Outputs {
@@ -162,7 +173,10 @@ pub fn search(
         lists.push(hits.iter().map(|h| h.0).collect());
         dense_sim.extend(hits);
     }
-    let (phrase, keyword) = keyword_candidates(store, query, pool)?;
+    let (phrase, keyword) = match options.signals {
+        Signals::Dense => (Vec::new(), Vec::new()),
+        _ => keyword_candidates(store, query, pool)?,
+    };
     let exact: HashSet<i64> = phrase.iter().map(|h| h.0).collect();
     let mut keyword_score: HashMap<i64, f32> = HashMap::new();
     let mut keyword_list = Vec::new();
@@ -173,7 +187,11 @@ pub fn search(
         }
     }
     lists.push(keyword_list);
-    if let Some(sparse) = embedded.as_ref().and_then(|e| e.sparse.as_ref()) {
+    if let Some(sparse) = embedded
+        .as_ref()
+        .and_then(|e| e.sparse.as_ref())
+        .filter(|_| options.signals == Signals::Hybrid)
+    {
         lists.push(sparse_candidates(store, sparse, pool)?);
     }
 

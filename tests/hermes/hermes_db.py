@@ -8,6 +8,8 @@ hermes_state.SessionDB), for recall's indexing tests. Prints JSON.
                                                      the last of them with its text changed to EDIT
     hermes_db.py bulk HOME N [--mode wal|delete]     N messages over N/10 sessions
     hermes_db.py writer HOME SECONDS                 append for SECONDS; report lock errors
+    hermes_db.py eval-create HOME CORPUS.json        the retrieval-evaluation history
+    hermes_db.py hermes-search HOME QUERY...         Hermes's own session_search: ranked session ids per query
 """
 
 import json
@@ -146,6 +148,30 @@ def writer(home: str, seconds: float) -> dict:
     return {"written": written, "errors": errors}
 
 
+def eval_create(home: str, corpus: str) -> dict:
+    db = open_db(home)
+    data = json.load(open(corpus))
+    for s in data["sessions"]:
+        db.create_session(s["id"], s["source"], model="test-model")
+        db.set_session_title(s["id"], s["title"])
+        for role, content in s["messages"]:
+            db.append_message(s["id"], role, content)
+    db.close()
+    return {"sessions": len(data["sessions"])}
+
+
+def hermes_search(home: str, queries: list) -> dict:
+    from tools.session_search_tool import session_search
+
+    db = open_db(home)
+    out = {}
+    for q in queries:
+        result = json.loads(session_search(query=q, limit=10, db=db))
+        out[q] = [r["session_id"] for r in result.get("results", [])]
+    db.close()
+    return {"results": out}
+
+
 def main() -> None:
     args = sys.argv[1:]
     mode = "wal"
@@ -162,6 +188,10 @@ def main() -> None:
         out = replace(home, rest[0], int(rest[1]), rest[2] if len(rest) > 2 else None)
     elif cmd == "bulk":
         out = bulk(home, int(rest[0]), mode)
+    elif cmd == "eval-create":
+        out = eval_create(home, rest[0])
+    elif cmd == "hermes-search":
+        out = hermes_search(home, rest)
     elif cmd == "writer":
         out = writer(home, float(rest[0]))
     else:

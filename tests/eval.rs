@@ -1,0 +1,215 @@
+//! Retrieval quality on a history of realistic Hermes sessions (written with
+//! the real hermes-agent SessionDB) and labelled queries
+//! (tests/hermes/eval_corpus.json), with the real all-MiniLM-L6-v2:
+//! recall's hybrid search against dense-only search and against Hermes's own
+//! FTS5 `session_search` (the real hermes-agent code) on the same database.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::*;
+use recall::index::store::Store;
+use recall::search::{self, SearchOptions, Signals};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Deserialize)]
+struct Corpus {
+    queries: Vec<Query>,
+}
+
+#[derive(Deserialize)]
+struct Query {
+    query: String,
+    kind: String,
+    relevant: Vec<String>,
+}
+
+fn python(args: &[&str]) -> Value {
+    let python = std::env::var("RECALL_TEST_HERMES_PYTHON")
+        .expect("RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh");
+    let out = Command::new(python)
+        .arg(repo_root().join("tests/hermes/hermes_db.py"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(
+        out.stdout
+            .split(|&b| b == b'\n')
+            .find(|l| l.starts_with(b"{"))
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// (hit@5, MRR@10) of ranked session lists against the labels.
+fn metrics(queries: &[&Query], ranked: &BTreeMap<String, Vec<String>>) -> (f64, f64) {
+    let (mut hits, mut rr) = (0.0, 0.0);
+    for q in queries {
+        let list = &ranked[&q.query];
+        if let Some(pos) = list.iter().take(10).position(|s| q.relevant.contains(s)) {
+            rr += 1.0 / (pos as f64 + 1.0);
+            if pos < 5 {
+                hits += 1.0;
+            }
+        }
+    }
+    let n = queries.len() as f64;
+    (hits / n, rr / n)
+}
+
+#[test]
+fn hybrid_beats_dense_only_and_hermes_fts() {
+    let corpus_path = repo_root().join("tests/hermes/eval_corpus.json");
+    let corpus: Corpus =
+        serde_json::from_str(&std::fs::read_to_string(&corpus_path).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    python(&[
+        "eval-create",
+        home.to_str().unwrap(),
+        corpus_path.to_str().unwrap(),
+    ]);
+
+    let cache = tempfile::tempdir().unwrap();
+    let embedder = load(&minilm_dir(), cache.path()).unwrap();
+    let mut store = Store::open(&home.join("recall/index.db")).unwrap();
+    let profiles = recall::source::hermes::profiles(&home, None, false).unwrap();
+    let options = recall::index::IndexOptions {
+        selection: Default::default(),
+        chunk: recall::index::chunk::ChunkParams {
+            window: 256,
+            overlap: 64,
+        },
+        rebuild: false,
+    };
+    recall::index::run(&embedder, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap();
+
+    let run = |signals: Signals, min_score: f32| -> BTreeMap<String, Vec<String>> {
+        let options = SearchOptions {
+            limit: 10,
+            signals,
+            min_score,
+            ..Default::default()
+        };
+        corpus
+            .queries
+            .iter()
+            .map(|q| {
+                let (hits, _) =
+                    search::search(&store, Some(&embedder), &q.query, &options).unwrap();
+                (
+                    q.query.clone(),
+                    hits.into_iter().map(|h| h.session_id).collect(),
+                )
+            })
+            .collect()
+    };
+    // Ranking quality without the relevance cut-off; the cut-off is judged on absent topics below.
+    let hybrid = run(Signals::Hybrid, -1.0);
+    let dense = run(Signals::Dense, -1.0);
+    let queries: Vec<&str> = corpus.queries.iter().map(|q| q.query.as_str()).collect();
+    let mut args = vec!["hermes-search", home.to_str().unwrap()];
+    args.extend(&queries);
+    let fts: BTreeMap<String, Vec<String>> =
+        serde_json::from_value(python(&args)["results"].clone()).unwrap();
+
+    let of_kind = |kind: &str| {
+        corpus
+            .queries
+            .iter()
+            .filter(|q| q.kind == kind)
+            .collect::<Vec<_>>()
+    };
+    let (para, ident) = (of_kind("paraphrase"), of_kind("identifier"));
+    println!(
+        "| search | paraphrase hit@5 | paraphrase MRR@10 | identifier hit@5 | identifier MRR@10 |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut table = BTreeMap::new();
+    for (name, ranked) in [
+        ("recall hybrid", &hybrid),
+        ("recall dense only", &dense),
+        ("Hermes FTS5 session_search", &fts),
+    ] {
+        let (ph, pm) = metrics(&para, ranked);
+        let (ih, im) = metrics(&ident, ranked);
+        println!("| {name} | {ph:.2} | {pm:.2} | {ih:.2} | {im:.2} |");
+        table.insert(name, (ph, pm, ih, im));
+    }
+    let (h, d, f) = (
+        table["recall hybrid"],
+        table["recall dense only"],
+        table["Hermes FTS5 session_search"],
+    );
+    assert!(
+        h.0 > f.0 && h.1 > f.1,
+        "hybrid must beat Hermes's FTS on paraphrases: {h:?} vs {f:?}"
+    );
+    assert!(
+        h.1 >= d.1 && h.0 >= d.0,
+        "hybrid must not lose to dense-only on paraphrases: {h:?} vs {d:?}"
+    );
+    assert!(
+        h.2 >= f.2 && h.3 >= f.3,
+        "hybrid must not lose to Hermes's FTS on identifiers: {h:?} vs {f:?}"
+    );
+    assert!(
+        h.2 > d.2 || h.3 > d.3,
+        "exact identifiers are where keywords help: {h:?} vs {d:?}"
+    );
+
+    // How similar the best passage is: of the right session for present topics, of anything for absent ones.
+    let options = SearchOptions {
+        limit: 10,
+        min_score: -1.0,
+        ..Default::default()
+    };
+    for q in &corpus.queries {
+        let (hits, _) = search::search(&store, Some(&embedder), &q.query, &options).unwrap();
+        let best = hits
+            .iter()
+            .find(|h| q.relevant.is_empty() || q.relevant.contains(&h.session_id));
+        println!(
+            "similarity {:>6.3} {:<10} {}",
+            best.map_or(f32::NAN, |h| h.similarity),
+            q.kind,
+            q.query
+        );
+    }
+    // With the default minimum score, absent topics return nothing and present ones still answer.
+    let calibrated = run(Signals::Hybrid, search::DEFAULT_MIN_SCORE);
+    for q in &corpus.queries {
+        let got = &calibrated[&q.query];
+        if q.kind == "absent" {
+            assert!(
+                got.is_empty(),
+                "{:?} is not in the history, yet got {got:?}",
+                q.query
+            );
+        }
+    }
+    let answered = para
+        .iter()
+        .chain(&ident)
+        .filter(|q| {
+            calibrated[&q.query]
+                .iter()
+                .take(5)
+                .any(|s| q.relevant.contains(s))
+        })
+        .count();
+    println!(
+        "with --min-score {}: {answered}/{} present queries answered in the top 5",
+        search::DEFAULT_MIN_SCORE,
+        para.len() + ident.len()
+    );
+    assert!(answered as f64 >= 0.8 * (para.len() + ident.len()) as f64);
+}
