@@ -115,8 +115,12 @@ pub fn run_index(args: IndexArgs) -> Result<()> {
     let profiles = args.hermes.profiles()?;
     let selection = args.hermes.selection()?;
     let index_path = args.hermes.index_path()?;
-    let embedder = args.model.load()?;
     let mut store = Store::open(&index_path)?;
+    let embedder = if args.rebuild {
+        args.model.load()?
+    } else {
+        args.model.load_or(store.model_dir()?)?
+    };
     let options = IndexOptions {
         selection,
         chunk: ChunkParams {

@@ -66,7 +66,18 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn load(&self) -> Result<Embedder> {
-        let dir = self.model_dir()?;
+        self.load_or(None)
+    }
+
+    /// Loads the named model, else `remembered` (the model an index was
+    /// built with, if its directory still exists), else the default.
+    pub fn load_or(&self, remembered: Option<PathBuf>) -> Result<Embedder> {
+        let named =
+            self.model.is_some() || std::env::var_os("RECALL_MODEL").is_some_and(|v| !v.is_empty());
+        let dir = match remembered.filter(|d| !named && d.join("config.json").is_file()) {
+            Some(dir) => dir,
+            None => self.model_dir()?,
+        };
         let options = LoadOptions {
             max_length: self.max_length,
             max_batch_tokens: self.batch_tokens,

@@ -65,7 +65,7 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
     let store = Store::open_existing(&index_path)?;
     let embedder = match args.signals {
         Signals::Keyword => None,
-        _ => Some(args.model.load()?),
+        _ => Some(args.model.load_or(store.model_dir()?)?),
     };
     let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {
         (Some(p), _) => vec![p.clone()],

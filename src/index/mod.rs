@@ -168,6 +168,16 @@ pub fn run(
     options.chunk.check(embedder.tokenizer())?;
     let identity = identity(embedder, options.chunk);
     store.bind(&identity, options.rebuild)?;
+    // Later runs and searches without --model use the same directory.
+    store.set_meta(
+        "model_dir",
+        &embedder
+            .info()
+            .dir
+            .canonicalize()
+            .unwrap_or_else(|_| embedder.info().dir.clone())
+            .to_string_lossy(),
+    )?;
     let namespace = identity.embedding_key();
     let outputs = Outputs {
         dense: true,

@@ -269,6 +269,11 @@ impl Store {
         Ok(())
     }
 
+    /// The model directory the index was last built with.
+    pub fn model_dir(&self) -> Result<Option<PathBuf>> {
+        Ok(self.meta("model_dir")?.map(PathBuf::from))
+    }
+
     pub fn identity(&self) -> Result<Option<Identity>> {
         match self.meta("identity")? {
             None => Ok(None),
