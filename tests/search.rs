@@ -263,3 +263,58 @@ fn show_prints_the_window_around_a_hit() {
         "{err}"
     );
 }
+
+#[test]
+fn colbert_rerank_needs_and_uses_bge_m3_heads() {
+    let minilm = minilm_dir();
+    let (ok, _, err) = recall(&[
+        "search",
+        "docker",
+        "--rerank",
+        "--hermes-home",
+        home().to_str().unwrap(),
+        "--model",
+        minilm.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("dense vectors only"), "{err}");
+
+    // The tiny BGE-M3 has the heads: rerank runs and keeps the result set's shape.
+    let tmp = tempfile::tempdir().unwrap();
+    let h = tmp.path().join("hermes");
+    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").unwrap();
+    let out = Command::new(python)
+        .arg(repo_root().join("tests/hermes/hermes_db.py"))
+        .args(["create", h.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let tiny = tiny_model_dir();
+    assert!(
+        recall(&[
+            "index",
+            "--hermes-home",
+            h.to_str().unwrap(),
+            "--model",
+            tiny.to_str().unwrap()
+        ])
+        .0
+    );
+    let (ok, out, err) = recall(&[
+        "search",
+        "docker images",
+        "--rerank",
+        "--json",
+        "--min-score=-1",
+        "--hermes-home",
+        h.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let results: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!results.is_empty());
+    assert!(results.windows(2).all(|w| w[0]["source"] == "cron"
+        || w[1]["source"] == "cron"
+        || w[0]["score"].as_f64() >= w[1]["score"].as_f64()));
+}

@@ -156,12 +156,13 @@ pub fn search(
     let embedded = match embedder.filter(|_| options.signals != Signals::Keyword) {
         Some(e) => {
             check_model(e, &identity)?;
+            // Everything the query needs, in one pass: dense, sparse, and ColBERT for --rerank.
             let outputs = Outputs {
                 dense: true,
                 sparse: identity.sparse,
-                colbert: false,
+                colbert: options.rerank,
             };
-            e.embed(&[query], outputs)?.pop()
+            Some(embed_query(e, query, outputs)?)
         }
         None => None,
     };
@@ -257,7 +258,11 @@ pub fn search(
 
     if options.rerank {
         let embedder = embedder.context("--rerank needs the model")?;
-        kept = rerank(embedder, query, kept, options.limit * 4)?;
+        let q = embedded
+            .as_ref()
+            .and_then(|e| e.colbert.as_ref())
+            .context("--rerank needs the model's ColBERT vectors")?;
+        kept = rerank(embedder, q, kept, options.limit * 4)?;
     }
 
     let mut results = group(kept, query);
@@ -472,7 +477,7 @@ fn passes(c: &Chunk, f: &Filters) -> bool {
 /// ColBERT late-interaction scores of the top `n` passages replace their fused scores.
 fn rerank(
     embedder: &Embedder,
-    query: &str,
+    query: &[Vec<f32>],
     mut kept: Vec<(Chunk, f32, f32)>,
     n: usize,
 ) -> Result<Vec<(Chunk, f32, f32)>> {
@@ -482,21 +487,44 @@ fn rerank(
         sparse: false,
         colbert: true,
     };
-    embedder
-        .check_outputs(colbert)
-        .context("--rerank needs BGE-M3's ColBERT head")?;
-    let mut texts: Vec<&str> = vec![query];
-    texts.extend(kept[..n].iter().map(|k| k.0.text.as_str()));
+    let texts: Vec<&str> = kept[..n].iter().map(|k| k.0.text.as_str()).collect();
     let vectors = embedder.embed(&texts, colbert)?;
-    let q = vectors[0]
-        .colbert
-        .as_ref()
-        .context("no ColBERT vectors for the query")?;
-    for (k, v) in kept[..n].iter_mut().zip(&vectors[1..]) {
-        k.1 = score::colbert(q, v.colbert.as_ref().context("no ColBERT vectors")?);
+    for (k, v) in kept[..n].iter_mut().zip(&vectors) {
+        k.1 = score::colbert(query, v.colbert.as_ref().context("no ColBERT vectors")?);
     }
     kept[..n].sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(kept)
+}
+
+/// Recent query embeddings: an agent often asks the same thing again.
+const QUERY_CACHE_SIZE: usize = 64;
+
+type QueryKey = (std::path::PathBuf, String, Outputs);
+
+fn embed_query(
+    embedder: &Embedder,
+    query: &str,
+    outputs: Outputs,
+) -> Result<crate::embedder::Embedding> {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    static CACHE: Mutex<VecDeque<(QueryKey, crate::embedder::Embedding)>> =
+        Mutex::new(VecDeque::new());
+    embedder.check_outputs(outputs)?;
+    let key: QueryKey = (embedder.info().dir.clone(), query.to_string(), outputs);
+    if let Some((_, hit)) = CACHE.lock().unwrap().iter().find(|(k, _)| *k == key) {
+        return Ok(hit.clone());
+    }
+    let e = embedder
+        .embed(&[query], outputs)?
+        .pop()
+        .context("the model returned no embedding for the query")?;
+    let mut cache = CACHE.lock().unwrap();
+    if cache.len() == QUERY_CACHE_SIZE {
+        cache.pop_front();
+    }
+    cache.push_back((key, e.clone()));
+    Ok(e)
 }
 
 /// Sessions, not fragments: one result per conversation lineage, with its best passages.
