@@ -3,10 +3,12 @@
 //! asked length, so every run does the same work whatever the tokenizer.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use serde::Serialize;
 
 use crate::embedder::{Embedder, Outputs};
 use crate::tokenize::Tokens;
@@ -194,4 +196,140 @@ mod tests {
         assert!("8".parse::<Shape>().is_err());
         assert!("0x5".parse::<Shape>().is_err());
     }
+}
+
+/// One index size of the vector-search benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchBenchRow {
+    pub chunks: usize,
+    pub dimension: usize,
+    pub queries: usize,
+    /// sqlite-vec's float scan of every vector (the stock way).
+    pub exact_p50_ms: f64,
+    pub exact_p99_ms: f64,
+    /// recall's binary first pass + exact rescoring.
+    pub binary_p50_ms: f64,
+    pub binary_p99_ms: f64,
+    /// Share of the exact top 10 that the binary path also returns.
+    pub recall_at_10: f64,
+    pub build_seconds: f64,
+    pub index_bytes: u64,
+}
+
+/// Deterministic normal samples (Box–Muller over an LCG).
+struct Gauss(u64);
+
+impl Gauss {
+    fn uniform(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn next(&mut self) -> f32 {
+        let (u, v) = (self.uniform(), self.uniform());
+        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+    }
+    fn unit_near(&mut self, centre: &[f32], spread: f32) -> Vec<f32> {
+        let mut v: Vec<f32> = centre.iter().map(|c| c + spread * self.next()).collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        v.iter_mut().for_each(|x| *x /= norm);
+        v
+    }
+}
+
+fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
+    sorted_ms[((sorted_ms.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Builds an index of `size` synthetic unit vectors in `dir` (clustered, as
+/// embeddings of conversations are) and times `queries` searches of the
+/// top 10 both ways.
+pub fn search_bench(
+    dir: &Path,
+    size: usize,
+    dimension: usize,
+    queries: usize,
+) -> Result<SearchBenchRow> {
+    use crate::index::store::{Identity, Store, f32_blob};
+    use crate::search::vector::{Strategy, create_binary_tables, insert_binary, knn};
+    let path = dir.join(format!("bench-{size}.db"));
+    let _ = std::fs::remove_file(&path);
+    let started = Instant::now();
+    let mut store = Store::open(&path)?;
+    let identity = Identity {
+        provider: "bench".into(),
+        model: "synthetic".into(),
+        revision: "1".into(),
+        weights_bytes: 0,
+        dimension,
+        normalized: true,
+        sparse: false,
+        chunk_tokens: 512,
+        chunk_overlap: 64,
+    };
+    store.bind(&identity, true)?;
+    let mut gauss = Gauss(42);
+    let centres: Vec<Vec<f32>> = (0..1000)
+        .map(|_| (0..dimension).map(|_| gauss.next()).collect())
+        .collect();
+    let mut samples = Vec::new();
+    let conn = store.conn();
+    create_binary_tables(conn, dimension)?;
+    let mut id = 0usize;
+    while id < size {
+        conn.execute_batch("BEGIN")?;
+        {
+            let mut insert =
+                conn.prepare_cached("INSERT INTO chunks_vec (chunk_id, embedding) VALUES (?, ?)")?;
+            for _ in 0..10_000.min(size - id) {
+                let centre =
+                    &centres[(gauss.uniform() * centres.len() as f64) as usize % centres.len()];
+                let v = gauss.unit_near(centre, 0.6);
+                if samples.len() < queries && gauss.uniform() < 0.01 {
+                    samples.push(v.clone());
+                }
+                id += 1;
+                insert.execute(rusqlite::params![id as i64, f32_blob(&v)])?;
+                insert_binary(conn, id as i64, &v)?;
+            }
+        }
+        conn.execute_batch("COMMIT")?;
+    }
+    let build_seconds = started.elapsed().as_secs_f64();
+    let index_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+        + std::fs::metadata(path.with_extension("db-wal"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+    let queries: Vec<Vec<f32>> = samples.iter().map(|s| gauss.unit_near(s, 0.02)).collect();
+    let (mut exact_ms, mut binary_ms, mut found) = (Vec::new(), Vec::new(), 0usize);
+    for q in &queries {
+        let t = Instant::now();
+        let truth = knn(conn, q, 10, Strategy::Exact)?;
+        exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let fast = knn(conn, q, 10, Strategy::Binary)?;
+        binary_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let truth: std::collections::HashSet<i64> = truth.iter().map(|h| h.0).collect();
+        found += fast.iter().filter(|h| truth.contains(&h.0)).count();
+    }
+    exact_ms.sort_by(f64::total_cmp);
+    binary_ms.sort_by(f64::total_cmp);
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    Ok(SearchBenchRow {
+        chunks: size,
+        dimension,
+        queries: queries.len(),
+        exact_p50_ms: percentile(&exact_ms, 0.5),
+        exact_p99_ms: percentile(&exact_ms, 0.99),
+        binary_p50_ms: percentile(&binary_ms, 0.5),
+        binary_p99_ms: percentile(&binary_ms, 0.99),
+        recall_at_10: found as f64 / (10 * queries.len()).max(1) as f64,
+        build_seconds,
+        index_bytes,
+    })
 }

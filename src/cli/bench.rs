@@ -24,6 +24,89 @@ pub struct BenchArgs {
     /// Print one JSON object per shape instead of a table.
     #[arg(long)]
     json: bool,
+    /// Benchmark vector search instead of the encoder: synthetic indexes of --sizes chunks,
+    /// sqlite-vec's float scan beside recall's binary first pass + rescoring.
+    #[arg(long)]
+    search: bool,
+    /// Index sizes for --search.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    sizes: Vec<usize>,
+    /// Queries per size for --search.
+    #[arg(long, default_value_t = 20)]
+    queries: usize,
+    /// Vector dimension for --search (BGE-M3's is 1024).
+    #[arg(long, default_value_t = 1024)]
+    dim: usize,
+    /// Where --search writes its temporary indexes (about 4.2 KB per chunk at 1024 dims).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<std::path::PathBuf>,
+}
+
+fn run_search(args: &BenchArgs) -> Result<()> {
+    if args.dim == 0 || !args.dim.is_multiple_of(8) {
+        anyhow::bail!("--dim must be a positive multiple of 8 (binary codes are whole bytes)");
+    }
+    // With a model named, a search also pays for embedding the query: measure that once.
+    let embed_ms = if args.model.is_named() {
+        let embedder = args.model.load()?;
+        let r = bench::run(
+            &embedder,
+            &[Shape {
+                batch: 1,
+                tokens: 16,
+            }],
+            args.runs,
+            Outputs::DENSE,
+            |_| {},
+        )?;
+        Some(r[0].median.as_secs_f64() * 1e3)
+    } else {
+        None
+    };
+    let tmp = match &args.dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    if !args.json {
+        println!(
+            "{:>9} {:>13} {:>13} {:>14} {:>14} {:>10} {:>10}{}",
+            "chunks",
+            "exact p50",
+            "exact p99",
+            "binary p50",
+            "binary p99",
+            "recall@10",
+            "build",
+            if embed_ms.is_some() {
+                "  binary p50 + query embedding"
+            } else {
+                ""
+            }
+        );
+    }
+    for &size in &args.sizes {
+        let r = bench::search_bench(tmp.path(), size, args.dim, args.queries)?;
+        if args.json {
+            let mut v = serde_json::to_value(&r)?;
+            v["query_embedding_ms"] = serde_json::json!(embed_ms);
+            println!("{v}");
+        } else {
+            println!(
+                "{:>9} {:>10.1} ms {:>10.1} ms {:>11.1} ms {:>11.1} ms {:>10.3} {:>8.0} s{}",
+                r.chunks,
+                r.exact_p50_ms,
+                r.exact_p99_ms,
+                r.binary_p50_ms,
+                r.binary_p99_ms,
+                r.recall_at_10,
+                r.build_seconds,
+                embed_ms
+                    .map(|e| format!("  {:.1} ms", r.binary_p50_ms + e))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn mib(bytes: Option<u64>) -> String {
@@ -34,6 +117,9 @@ fn mib(bytes: Option<u64>) -> String {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.search {
+        return run_search(&args);
+    }
     let embedder = args.model.load()?;
     let info = embedder.info();
     let outputs = if args.all_outputs {

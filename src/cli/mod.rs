@@ -69,6 +69,11 @@ impl ModelArgs {
         self.load_or(None)
     }
 
+    /// A model was named by --model or RECALL_MODEL.
+    pub fn is_named(&self) -> bool {
+        self.model.is_some() || std::env::var_os("RECALL_MODEL").is_some_and(|v| !v.is_empty())
+    }
+
     /// Loads the named model, else `remembered` (the model an index was
     /// built with, if its directory still exists), else the default.
     pub fn load_or(&self, remembered: Option<PathBuf>) -> Result<Embedder> {

@@ -3,6 +3,8 @@
 //! sparse lexical score, fused by reciprocal rank (or weighted as openClaw
 //! does), then grouped into sessions by lineage, Hermes's rules applied.
 
+pub mod vector;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context, Result, bail};
@@ -315,17 +317,11 @@ fn dense_candidates(
     k: usize,
     normalized: bool,
 ) -> Result<Vec<(i64, f32)>> {
-    let mut stmt = store
-        .conn()
-        .prepare("SELECT chunk_id, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? ORDER BY distance")?;
-    let rows = stmt.query_map(rusqlite::params![f32_blob(query), k as i64], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)? as f32))
-    })?;
-    rows.map(|r| {
-        r.map(|(id, d)| (id, l2_to_similarity(d, normalized)))
-            .map_err(Into::into)
-    })
-    .collect()
+    let hits = vector::knn(store.conn(), query, k, vector::Strategy::Exact)?;
+    Ok(hits
+        .into_iter()
+        .map(|(id, d)| (id, l2_to_similarity(d, normalized)))
+        .collect())
 }
 
 /// For unit vectors, cos = 1 − d²/2; otherwise only the order matters.
