@@ -7,13 +7,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use common::*;
 use recall::index::store::Store;
 use recall::search::{self, SearchOptions, Signals};
 use serde::Deserialize;
-use serde_json::Value;
 
 #[derive(Deserialize)]
 struct Corpus {
@@ -25,28 +23,6 @@ struct Query {
     query: String,
     kind: String,
     relevant: Vec<String>,
-}
-
-fn python(args: &[&str]) -> Value {
-    let python = std::env::var("RECALL_TEST_HERMES_PYTHON")
-        .expect("RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh");
-    let out = Command::new(python)
-        .arg(repo_root().join("tests/hermes/hermes_db.py"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(
-        out.stdout
-            .split(|&b| b == b'\n')
-            .find(|l| l.starts_with(b"{"))
-            .unwrap(),
-    )
-    .unwrap()
 }
 
 /// (hit@5, MRR@10) of ranked session lists against the labels.
@@ -72,7 +48,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
         serde_json::from_str(&std::fs::read_to_string(&corpus_path).unwrap()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("hermes");
-    python(&[
+    hermes_db(&[
         "eval-create",
         home.to_str().unwrap(),
         corpus_path.to_str().unwrap(),
@@ -119,7 +95,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
     let mut args = vec!["hermes-search", home.to_str().unwrap()];
     args.extend(&queries);
     let fts: BTreeMap<String, Vec<String>> =
-        serde_json::from_value(python(&args)["results"].clone()).unwrap();
+        serde_json::from_value(hermes_db(&args)["results"].clone()).unwrap();
 
     let of_kind = |kind: &str| {
         corpus

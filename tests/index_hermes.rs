@@ -13,51 +13,6 @@ use recall::index::store::Store;
 use rusqlite::Connection;
 use serde_json::Value;
 
-/// Runs tests/hermes/hermes_db.py with the Python that has hermes-agent.
-fn hermes(args: &[&str]) -> Value {
-    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").expect(
-        "RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh, which installs \
-         hermes-agent==0.19.0 into a venv and points this at its python",
-    );
-    let script = repo_root().join("tests/hermes/hermes_db.py");
-    let out = Command::new(python)
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "hermes_db.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(
-        out.stdout
-            .split(|&b| b == b'\n')
-            .find(|l| l.starts_with(b"{"))
-            .unwrap(),
-    )
-    .unwrap()
-}
-
-fn recall(args: &[&str]) -> (bool, String, String) {
-    let cache = std::env::temp_dir().join("recall-test-cache");
-    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args(args)
-        .env("RECALL_CACHE_DIR", cache)
-        .env_remove("RECALL_MODEL")
-        .env_remove("HERMES_HOME")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-    )
-}
-
 /// `recall index --json` on `home` with `model`; the summary.
 fn index(home: &Path, model: &Path, extra: &[&str]) -> Value {
     let mut args = vec![
@@ -69,7 +24,7 @@ fn index(home: &Path, model: &Path, extra: &[&str]) -> Value {
         model.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let (ok, out, err) = recall(&args);
+    let (ok, out, err) = recall_cli(&args);
     assert!(ok, "recall index failed: {err}");
     serde_json::from_str(out.lines().last().unwrap()).unwrap()
 }
@@ -162,7 +117,7 @@ fn indexes_real_hermes_in_wal_and_delete_mode_without_touching_state_db() {
     for mode in ["wal", "delete"] {
         let tmp = tempfile::tempdir().unwrap();
         let home = home_in(&tmp);
-        hermes(&["create", home.to_str().unwrap(), "--mode", mode]);
+        hermes_db(&["create", home.to_str().unwrap(), "--mode", mode]);
         let journal: String = Connection::open(home.join("state.db"))
             .unwrap()
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
@@ -261,17 +216,17 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     let tmp = tempfile::tempdir().unwrap();
     let home = home_in(&tmp);
     let h = home.to_str().unwrap();
-    hermes(&["create", h]);
+    hermes_db(&["create", h]);
     index(&home, &tiny_model_dir(), &[]);
 
-    hermes(&[
+    hermes_db(&[
         "append",
         h,
         "20260302_090000_aa0002",
         "user",
         "still broken after adding the brace",
     ]);
-    hermes(&[
+    hermes_db(&[
         "append",
         h,
         "20260601_000000_abcdef",
@@ -284,7 +239,7 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     assert_complete(&home, &["user", "assistant"]);
 
     // /retry-style rewrite: keep the first message, edit it; the rest are deleted.
-    hermes(&[
+    hermes_db(&[
         "replace",
         h,
         "20260302_090000_aa0002",
@@ -322,7 +277,7 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     // Nothing changed: nothing embedded; a re-added identical text comes from the cache.
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["embedded_messages"], 0, "{report}");
-    hermes(&[
+    hermes_db(&[
         "append",
         h,
         "20260602_000000_abcdef",
@@ -336,7 +291,7 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     );
     assert_eq!(report["tokens"], 0);
 
-    let (ok, out, err) = recall(&["stats", "--json", "--hermes-home", h]);
+    let (ok, out, err) = recall_cli(&["stats", "--json", "--hermes-home", h]);
     assert!(ok, "{err}");
     let stats: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(stats["lag_messages"], 0);
@@ -349,10 +304,10 @@ fn hermes_keeps_writing_while_recall_indexes() {
     let tmp = tempfile::tempdir().unwrap();
     let home = home_in(&tmp);
     let h = home.to_str().unwrap().to_string();
-    hermes(&["bulk", &h, "400"]);
+    hermes_db(&["bulk", &h, "400"]);
     let writer = {
         let h = h.clone();
-        std::thread::spawn(move || hermes(&["writer", &h, "4"]))
+        std::thread::spawn(move || hermes_db(&["writer", &h, "4"]))
     };
     // Index again and again for as long as Hermes writes.
     let mut runs = 0;
@@ -400,7 +355,7 @@ fn search_while_indexing(home: &Path) {
 fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let home = home_in(&tmp);
-    hermes(&["bulk", home.to_str().unwrap(), "2000", "--mode", "delete"]);
+    hermes_db(&["bulk", home.to_str().unwrap(), "2000", "--mode", "delete"]);
     let model = tiny_model_dir();
     let mut seed = 12345u64;
     for _ in 0..6 {
@@ -450,7 +405,7 @@ fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
 fn another_model_is_refused_until_rebuild() {
     let tmp = tempfile::tempdir().unwrap();
     let home = home_in(&tmp);
-    hermes(&["create", home.to_str().unwrap()]);
+    hermes_db(&["create", home.to_str().unwrap()]);
     index(&home, &tiny_model_dir(), &[]);
     let minilm = minilm_dir();
     let args = [
@@ -460,7 +415,7 @@ fn another_model_is_refused_until_rebuild() {
         "--model",
         minilm.to_str().unwrap(),
     ];
-    let (ok, _, err) = recall(&args);
+    let (ok, _, err) = recall_cli(&args);
     assert!(!ok);
     for needle in [
         "never mixed",
@@ -476,7 +431,7 @@ fn another_model_is_refused_until_rebuild() {
     let report = index(&home, &minilm, &["--rebuild"]);
     assert_eq!(report["cached_chunks"], 15, "{report}");
     assert_eq!(report["tokens"], 0, "{report}");
-    let (_, out, _) = recall(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
+    let (_, out, _) = recall_cli(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
     let stats: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(stats["identity"]["dimension"], 384);
     assert_complete(&home, &["user", "assistant"]);
@@ -486,8 +441,8 @@ fn another_model_is_refused_until_rebuild() {
 fn session_files_profiles_and_missing_database() {
     let tmp = tempfile::tempdir().unwrap();
     let home = home_in(&tmp);
-    hermes(&["create", home.to_str().unwrap()]);
-    hermes(&[
+    hermes_db(&["create", home.to_str().unwrap()]);
+    hermes_db(&[
         "append",
         home.join("profiles/work").to_str().unwrap(),
         "20260701_000000_0000aa",
@@ -518,7 +473,7 @@ fn session_files_profiles_and_missing_database() {
     let report = index(&home, &tiny_model_dir(), &["--profile", "work"]);
     assert_eq!(report["profiles"], serde_json::json!(["work"]));
 
-    let (ok, _, err) = recall(&[
+    let (ok, _, err) = recall_cli(&[
         "index",
         "--hermes-home",
         tmp.path().join("nowhere").to_str().unwrap(),

@@ -4,32 +4,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use common::*;
 use serde_json::Value;
-
-fn recall(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args(args)
-        .env(
-            "RECALL_CACHE_DIR",
-            std::env::temp_dir().join("recall-test-cache"),
-        )
-        .env_remove("RECALL_MODEL")
-        .env_remove("HERMES_HOME")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-    )
-}
 
 /// One indexed history shared by the tests (indexing it once).
 fn home() -> &'static Path {
@@ -38,20 +16,9 @@ fn home() -> &'static Path {
         .get_or_init(|| {
             let tmp = tempfile::tempdir().unwrap();
             let home = tmp.path().join("hermes");
-            let python = std::env::var("RECALL_TEST_HERMES_PYTHON")
-                .expect("RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh");
-            let out = Command::new(python)
-                .arg(repo_root().join("tests/hermes/hermes_db.py"))
-                .args(["create", home.to_str().unwrap()])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            hermes_db(&["create", home.to_str().unwrap()]);
             let minilm = minilm_dir();
-            let (ok, _, err) = recall(&[
+            let (ok, _, err) = recall_cli(&[
                 "index",
                 "--hermes-home",
                 home.to_str().unwrap(),
@@ -77,7 +44,7 @@ fn search(query: &str, extra: &[&str]) -> Vec<Value> {
         minilm.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let (ok, out, err) = recall(&args);
+    let (ok, out, err) = recall_cli(&args);
     assert!(ok, "search {query:?} failed: {err}");
     out.lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -184,11 +151,11 @@ fn bad_queries_get_clear_answers() {
     let minilm = minilm_dir();
     let h = home().to_str().unwrap();
     let m = minilm.to_str().unwrap();
-    let (ok, _, err) = recall(&["search", "  ", "--hermes-home", h, "--model", m]);
+    let (ok, _, err) = recall_cli(&["search", "  ", "--hermes-home", h, "--model", m]);
     assert!(!ok && err.contains("the query is empty"), "{err}");
     let long = "disk ".repeat(20_000);
     assert!(
-        recall(&["search", &long, "--hermes-home", h, "--model", m]).0,
+        recall_cli(&["search", &long, "--hermes-home", h, "--model", m]).0,
         "a 100,000-character query"
     );
     for syntax in [
@@ -201,10 +168,10 @@ fn bad_queries_get_clear_answers() {
         "(",
         "sites -t -- ^",
     ] {
-        let (ok, _, err) = recall(&["search", syntax, "--hermes-home", h, "--model", m]);
+        let (ok, _, err) = recall_cli(&["search", syntax, "--hermes-home", h, "--model", m]);
         assert!(ok, "{syntax:?}: {err}");
     }
-    let (ok, _, err) = recall(&[
+    let (ok, _, err) = recall_cli(&[
         "search",
         "x",
         "--index",
@@ -219,7 +186,7 @@ fn bad_queries_get_clear_answers() {
         "{err}"
     );
     let tiny = tiny_model_dir();
-    let (ok, _, err) = recall(&[
+    let (ok, _, err) = recall_cli(&[
         "search",
         "disk",
         "--hermes-home",
@@ -233,7 +200,7 @@ fn bad_queries_get_clear_answers() {
 #[test]
 fn show_prints_the_window_around_a_hit() {
     let h = home().to_str().unwrap();
-    let (ok, out, err) = recall(&[
+    let (ok, out, err) = recall_cli(&[
         "show",
         "@session:default/20260301_101500_aa0001",
         "--hermes-home",
@@ -250,7 +217,7 @@ fn show_prints_the_window_around_a_hit() {
         lines[2].starts_with("> [3]") && lines[2].contains("docker images take 40GB"),
         "{out}"
     );
-    let (ok, _, err) = recall(&[
+    let (ok, _, err) = recall_cli(&[
         "show",
         "20260301_101500_aa0001",
         "--hermes-home",
@@ -267,7 +234,7 @@ fn show_prints_the_window_around_a_hit() {
 #[test]
 fn colbert_rerank_needs_and_uses_bge_m3_heads() {
     let minilm = minilm_dir();
-    let (ok, _, err) = recall(&[
+    let (ok, _, err) = recall_cli(&[
         "search",
         "docker",
         "--rerank",
@@ -281,16 +248,10 @@ fn colbert_rerank_needs_and_uses_bge_m3_heads() {
     // The tiny BGE-M3 has the heads: rerank runs and keeps the result set's shape.
     let tmp = tempfile::tempdir().unwrap();
     let h = tmp.path().join("hermes");
-    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").unwrap();
-    let out = Command::new(python)
-        .arg(repo_root().join("tests/hermes/hermes_db.py"))
-        .args(["create", h.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    hermes_db(&["create", h.to_str().unwrap()]);
     let tiny = tiny_model_dir();
     assert!(
-        recall(&[
+        recall_cli(&[
             "index",
             "--hermes-home",
             h.to_str().unwrap(),
@@ -299,7 +260,7 @@ fn colbert_rerank_needs_and_uses_bge_m3_heads() {
         ])
         .0
     );
-    let (ok, out, err) = recall(&[
+    let (ok, out, err) = recall_cli(&[
         "search",
         "docker images",
         "--rerank",

@@ -73,3 +73,51 @@ pub fn minilm_dir() -> PathBuf {
     );
     dir
 }
+
+/// Runs tests/hermes/hermes_db.py with the Python that has the real
+/// hermes-agent (scripts/hermes_venv.sh); its JSON answer.
+pub fn hermes_db(args: &[&str]) -> serde_json::Value {
+    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").expect(
+        "RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh, which installs \
+         hermes-agent==0.19.0 into a venv and points this at its python",
+    );
+    let out = std::process::Command::new(python)
+        .arg(repo_root().join("tests/hermes/hermes_db.py"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hermes_db.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"{"))
+        .unwrap();
+    serde_json::from_slice(json).unwrap()
+}
+
+/// Runs the `recall` binary (no stdin, a shared conversion cache, no
+/// RECALL_MODEL or HERMES_HOME from outside): (success, stdout, stderr).
+pub fn recall_cli(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args(args)
+        .env(
+            "RECALL_CACHE_DIR",
+            std::env::temp_dir().join("recall-test-cache"),
+        )
+        .env_remove("RECALL_MODEL")
+        .env_remove("HERMES_HOME")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
