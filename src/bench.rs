@@ -243,21 +243,21 @@ fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
     sorted_ms[((sorted_ms.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Builds an index of `size` synthetic unit vectors in `dir` (clustered, as
-/// embeddings of conversations are) and times `queries` searches of the
-/// top 10 both ways.
-pub fn search_bench(
-    dir: &Path,
+/// An index of `size` synthetic unit vectors at `path` (clustered, as
+/// embeddings of conversations are; the binary path's tables too), and
+/// `queries` query vectors near stored ones.
+pub fn synthetic_vector_index(
+    path: &Path,
     size: usize,
     dimension: usize,
     queries: usize,
-) -> Result<SearchBenchRow> {
+) -> Result<(crate::index::store::Store, Vec<Vec<f32>>)> {
     use crate::index::store::{Identity, Store, f32_blob};
-    use crate::search::vector::{Strategy, create_binary_tables, insert_binary, knn};
-    let path = dir.join(format!("bench-{size}.db"));
-    let _ = std::fs::remove_file(&path);
-    let started = Instant::now();
-    let mut store = Store::open(&path)?;
+    use crate::search::vector::{create_binary_tables, insert_binary};
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let mut store = Store::open(path)?;
     let identity = Identity {
         provider: "bench".into(),
         model: "synthetic".into(),
@@ -297,12 +297,32 @@ pub fn search_bench(
         }
         conn.execute_batch("COMMIT")?;
     }
+    let queries = samples.iter().map(|s| gauss.unit_near(s, 0.02)).collect();
+    Ok((store, queries))
+}
+
+/// Builds a synthetic index of `size` vectors in `dir` and times `queries`
+/// searches of the top 10 both ways.
+pub fn search_bench(
+    dir: &Path,
+    size: usize,
+    dimension: usize,
+    queries: usize,
+) -> Result<SearchBenchRow> {
+    use crate::search::vector::{Strategy, knn};
+    let path = dir.join(format!("bench-{size}.db"));
+    let started = Instant::now();
+    let (store, queries) = synthetic_vector_index(&path, size, dimension, queries)?;
+    anyhow::ensure!(
+        !queries.is_empty(),
+        "no queries: ask for at least 1, on an index of at least 1,000 chunks"
+    );
+    let conn = store.conn();
     let build_seconds = started.elapsed().as_secs_f64();
     let index_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
         + std::fs::metadata(path.with_extension("db-wal"))
             .map(|m| m.len())
             .unwrap_or(0);
-    let queries: Vec<Vec<f32>> = samples.iter().map(|s| gauss.unit_near(s, 0.02)).collect();
     let (mut exact_ms, mut binary_ms, mut found) = (Vec::new(), Vec::new(), 0usize);
     for q in &queries {
         let t = Instant::now();
