@@ -214,27 +214,34 @@ impl StateDb {
         Ok(out)
     }
 
+    /// `column` if this schema has it, else `fallback`.
+    fn column(&self, column: &str, fallback: &str) -> String {
+        if self.has.contains(column) {
+            column.to_string()
+        } else {
+            fallback.to_string()
+        }
+    }
+
+    /// What Hermes's search shows: not rewound (`active = 0 AND compacted = 0`), not hidden scaffolding.
+    fn visible(&self) -> String {
+        format!(
+            "NOT ({} = 0 AND {} = 0) AND COALESCE({}, '') <> 'hidden'",
+            self.column("active", "1"),
+            self.column("compacted", "0"),
+            self.column("display_kind", "NULL")
+        )
+    }
+
     /// Every visible message of the selected roles, in id order, read in
     /// pages of short transactions. Rows that give no text are left out.
     pub fn messages(&self, selection: &Selection, mut each: impl FnMut(Message)) -> Result<()> {
-        let opt = |c: &str, fallback: &str| {
-            if self.has.contains(c) {
-                c.to_string()
-            } else {
-                fallback.to_string()
-            }
-        };
         let placeholders = vec!["?"; selection.roles.len()].join(",");
         let sql = format!(
-            "SELECT id, session_id, role, content, {}, {} FROM messages \
-             WHERE id > ? AND role IN ({placeholders}) \
-             AND NOT ({} = 0 AND {} = 0) AND COALESCE({}, '') <> 'hidden' \
-             ORDER BY id LIMIT {PAGE}",
-            opt("tool_calls", "NULL"),
-            "timestamp",
-            opt("active", "1"),
-            opt("compacted", "0"),
-            opt("display_kind", "NULL"),
+            "SELECT id, session_id, role, content, {}, timestamp FROM messages \
+             WHERE id > ? AND role IN ({placeholders}) AND {} ORDER BY id LIMIT {PAGE}",
+            self.column("tool_calls", "NULL"),
+            self.visible(),
         );
         let mut stmt = self.conn.prepare(&sql)?;
         let mut after = 0i64;
@@ -288,20 +295,10 @@ impl StateDb {
 impl StateDb {
     /// Every visible message of one session, any role, in order (for `recall show`).
     pub fn session_messages(&self, session: &str) -> Result<Vec<Message>> {
-        let opt = |c: &str, fallback: &str| {
-            if self.has.contains(c) {
-                c.to_string()
-            } else {
-                fallback.to_string()
-            }
-        };
         let sql = format!(
-            "SELECT id, role, content, {}, timestamp FROM messages WHERE session_id = ? \
-             AND NOT ({} = 0 AND {} = 0) AND COALESCE({}, '') <> 'hidden' ORDER BY id",
-            opt("tool_calls", "NULL"),
-            opt("active", "1"),
-            opt("compacted", "0"),
-            opt("display_kind", "NULL"),
+            "SELECT id, role, content, {}, timestamp FROM messages WHERE session_id = ? AND {} ORDER BY id",
+            self.column("tool_calls", "NULL"),
+            self.visible(),
         );
         let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map([session], |r| {
