@@ -120,14 +120,6 @@ impl Encoder {
         })
     }
 
-    pub fn config(&self) -> &EncoderConfig {
-        &self.config
-    }
-
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
     /// Runs the encoder over `inputs` (token ids, special tokens included)
     /// and returns the last hidden states of all of them, packed in order:
     /// `[sum of lengths, hidden]`.

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::embedder::{Embedder, Outputs};
 use crate::source::files;
-use crate::source::hermes::{self, HIDDEN_SOURCES, Message, Profile, Selection, Session, StateDb};
+use crate::source::hermes::{HIDDEN_SOURCES, Message, Profile, Selection, Session, StateDb};
 use crate::tokenize::Tokens;
 use chunk::ChunkParams;
 use store::{ChunkRow, Identity, MessageRow, SessionRow, Store};
@@ -458,5 +458,3 @@ pub fn lag(store: &Store, profiles: &[Profile], selection: &Selection) -> Result
     }
     Ok(behind)
 }
-
-pub use hermes::default_home;

@@ -56,17 +56,6 @@ impl Weights {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        match &self.source {
-            Source::Safetensors { tensors, .. } => tensors.keys().cloned().collect(),
-            Source::Pth(p) => p.tensor_infos().keys().cloned().collect(),
-        }
-    }
-
     fn contains(&self, name: &str) -> bool {
         match &self.source {
             Source::Safetensors { tensors, .. } => tensors.contains_key(name),

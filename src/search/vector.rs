@@ -93,7 +93,8 @@ pub fn knn(
     }
 }
 
-fn l2(a: &[f32], b: &[f32]) -> f32 {
+/// Euclidean distance.
+pub fn l2(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y) * (x - y))

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OpenFlags};
 
 /// Sources whose sessions Hermes's own search never shows.
 pub const HIDDEN_SOURCES: [&str; 3] = ["kanban", "subagent", "tool"];
@@ -166,18 +166,6 @@ impl StateDb {
             has,
             session_cols,
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn schema_version(&self) -> Option<i64> {
-        self.conn
-            .query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))
-            .optional()
-            .ok()
-            .flatten()
     }
 
     pub fn sessions(&self) -> Result<HashMap<String, Session>> {
