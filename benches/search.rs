@@ -22,7 +22,7 @@ fn search(c: &mut Criterion) {
     for (name, strategy) in [("exact", Strategy::Exact), ("binary", Strategy::Binary)] {
         let mut next = queries.iter().cycle();
         group.bench_function(BenchmarkId::new(name, chunks), |b| {
-            b.iter(|| knn(store.conn(), next.next().unwrap(), 10, strategy).unwrap())
+            b.iter(|| knn(&store, next.next().unwrap(), 10, strategy).unwrap())
         });
     }
     group.finish();

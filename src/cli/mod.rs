@@ -5,6 +5,7 @@ mod embed;
 mod index;
 mod model;
 mod search;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -45,6 +46,8 @@ enum Command {
     Show(search::ShowArgs),
     /// Get, move and check models: fetch, export, import, verify, list, info.
     Model(model::ModelCommand),
+    /// Serve the model over HTTP to OpenAI, Ollama and TEI clients, plus session search.
+    Serve(serve::ServeArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -57,7 +60,12 @@ pub struct ModelArgs {
     #[arg(long, value_name = "N")]
     max_length: Option<usize>,
     /// Tokens packed into one forward pass.
-    #[arg(long, value_name = "N", default_value_t = 16_384)]
+    #[arg(
+        long,
+        visible_alias = "max-batch-tokens",
+        value_name = "N",
+        default_value_t = 16_384
+    )]
     batch_tokens: usize,
     /// Never download: without a model on disk, say how to bring one. Also HF_HUB_OFFLINE=1.
     #[arg(long)]
@@ -65,6 +73,10 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    pub fn batch_tokens(&self) -> usize {
+        self.batch_tokens
+    }
+
     pub fn load(&self) -> Result<Embedder> {
         self.load_or(None)
     }
@@ -137,5 +149,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Search(args) => search::run_search(args),
         Command::Show(args) => search::run_show(args),
         Command::Model(cmd) => model::run(cmd),
+        Command::Serve(args) => serve::run(args),
     }
 }

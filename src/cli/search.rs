@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use recall::index::store::Store;
+use recall::search::vector::Strategy;
 use recall::search::{self, Filters, Fusion, SearchOptions, Signals};
 use recall::source::hermes::StateDb;
 
@@ -55,9 +56,20 @@ pub struct SearchArgs {
     /// Only this session (and its lineage).
     #[arg(long)]
     session: Option<String>,
+    /// How the nearest vectors are found: an exact scan of every vector, a binary first pass
+    /// over 1-bit codes with exact rescoring, or by index size (exact below 10,000 chunks).
+    #[arg(long, value_enum, default_value_t = VectorScan::Auto)]
+    scan: VectorScan,
     /// One JSON object per result (schema in the README).
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum VectorScan {
+    Auto,
+    Exact,
+    Binary,
 }
 
 pub fn run_search(args: SearchArgs) -> Result<()> {
@@ -80,6 +92,11 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
         rerank: args.rerank,
         mmr: args.mmr,
         half_life_days: args.half_life,
+        scan: match args.scan {
+            VectorScan::Auto => Strategy::Auto,
+            VectorScan::Exact => Strategy::Exact,
+            VectorScan::Binary => Strategy::Binary,
+        },
         filters: Filters {
             roles: args.role,
             sources: args.source,

@@ -240,6 +240,13 @@ pub fn run(
         )?;
     }
     store.set_meta("last_indexed_at", &format!("{:.3}", unix_now()))?;
+    // Large indexes are searched through the code file: bring it up to date
+    // now rather than in the first search. Without it search is slower, not wrong.
+    if crate::search::binary::approximate_len(store)? >= crate::search::vector::EXACT_BELOW
+        && let Err(e) = crate::search::binary::CodeFile::open(store)
+    {
+        tracing::warn!("{e:#}");
+    }
     report.seconds = started.elapsed().as_secs_f64();
     report.tokens_per_second = if report.seconds > 0.0 {
         report.tokens as f64 / report.seconds

@@ -1,7 +1,8 @@
 //! recall's own index database: chunks with their text and provenance, dense
-//! vectors in sqlite-vec, an FTS5 trigram index (finds CJK text), BGE-M3's
-//! sparse weights, and an embedding cache. WAL mode, so search reads while
-//! indexing writes.
+//! vectors in sqlite-vec, their 1-bit codes (the source of search's binary
+//! scan file, see `search::binary`), an FTS5 trigram index (finds CJK text),
+//! BGE-M3's sparse weights, and an embedding cache. WAL mode, so search reads
+//! while indexing writes.
 //!
 //! Consistency rule: a message's chunks, vectors, sparse weights, FTS rows and
 //! its fingerprint are written in one transaction, and deleting a chunk row
@@ -20,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::source::hermes::Session;
 
 /// Bumped when the layout below changes incompatibly.
-const LAYOUT_VERSION: i64 = 1;
+const LAYOUT_VERSION: i64 = 2;
 
 /// What the vectors in an index are: never mix two of these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,6 +151,23 @@ pub fn f32_blob(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Bytes of the 1-bit code of a `dimension`-dim vector: whole 64-bit words,
+/// so that the scan can count bits a word at a time.
+pub fn code_bytes(dimension: usize) -> usize {
+    dimension.div_ceil(64) * 8
+}
+
+/// The 1-bit code of `v`: bit i (least significant first) is set when v[i] > 0.
+pub fn binary_code(v: &[f32]) -> Vec<u8> {
+    let mut code = vec![0u8; code_bytes(v.len())];
+    for (i, x) in v.iter().enumerate() {
+        if *x > 0.0 {
+            code[i / 8] |= 1 << (i % 8);
+        }
+    }
+    code
+}
+
 pub fn blob_f32(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -193,6 +211,8 @@ CREATE TABLE IF NOT EXISTS chunk_sparse (
     chunk_id INTEGER NOT NULL, token_id INTEGER NOT NULL, weight REAL NOT NULL,
     PRIMARY KEY (chunk_id, token_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS chunk_sparse_token ON chunk_sparse (token_id);
+CREATE TABLE IF NOT EXISTS chunk_codes (chunk_id INTEGER PRIMARY KEY, code BLOB NOT NULL);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('codes_epoch', '0');
 CREATE TABLE IF NOT EXISTS embed_cache (key BLOB PRIMARY KEY, dense BLOB NOT NULL, sparse BLOB) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
     INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
@@ -205,6 +225,8 @@ CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_fts (chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
     DELETE FROM chunks_vec WHERE chunk_id = old.id;
     DELETE FROM chunk_sparse WHERE chunk_id = old.id;
+    DELETE FROM chunk_codes WHERE chunk_id = old.id;
+    UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'codes_epoch';
 END;
 ";
 
@@ -227,9 +249,13 @@ impl Store {
             conn,
             path: path.to_path_buf(),
         };
+        if store.meta("index_id")?.is_none() {
+            store.set_meta("index_id", &new_index_id())?;
+        }
         match store.meta("layout")? {
             None => store.set_meta("layout", &LAYOUT_VERSION.to_string())?,
             Some(v) if v == LAYOUT_VERSION.to_string() => {}
+            Some(v) if v == "1" => store.add_codes()?,
             Some(v) => bail!(
                 "{} has index layout {v}, this recall writes {LAYOUT_VERSION}: run `recall index --rebuild`",
                 path.display()
@@ -244,6 +270,32 @@ impl Store {
             bail!("no index at {}: run `recall index` first", path.display());
         }
         Self::open(path)
+    }
+
+    /// Layout 1 → 2: the 1-bit codes of the vectors already stored.
+    fn add_codes(&self) -> Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        if self.identity()?.is_some() {
+            {
+                let mut read = tx.prepare("SELECT chunk_id, embedding FROM chunks_vec")?;
+                let mut write = tx
+                    .prepare("INSERT OR REPLACE INTO chunk_codes (chunk_id, code) VALUES (?, ?)")?;
+                let mut rows = read.query([])?;
+                while let Some(row) = rows.next()? {
+                    let id: i64 = row.get(0)?;
+                    let embedding: Vec<u8> = row.get(1)?;
+                    write.execute(params![id, binary_code(&blob_f32(&embedding))])?;
+                }
+            }
+            tx.execute_batch("DROP TRIGGER IF EXISTS chunks_ad;")?;
+            tx.execute_batch(CHUNK_DELETE_TRIGGER)?;
+        }
+        tx.execute(
+            "UPDATE meta SET value = ? WHERE key = 'layout'",
+            [LAYOUT_VERSION.to_string()],
+        )?;
+        tx.commit()?;
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -302,7 +354,9 @@ impl Store {
         let tx = self.conn.transaction()?;
         tx.execute_batch(
             "DROP TRIGGER IF EXISTS chunks_ad; DROP TABLE IF EXISTS chunks_vec;
-             DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM messages; DELETE FROM sessions;
+             DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM chunk_codes;
+             DELETE FROM messages; DELETE FROM sessions;
+             UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'codes_epoch';
              INSERT INTO chunks_fts (chunks_fts) VALUES ('delete-all');",
         )?;
         tx.execute_batch(&format!(
@@ -390,6 +444,8 @@ impl Store {
             )?;
             let mut vec =
                 tx.prepare_cached("INSERT INTO chunks_vec (chunk_id, embedding) VALUES (?, ?)")?;
+            let mut code =
+                tx.prepare_cached("INSERT INTO chunk_codes (chunk_id, code) VALUES (?, ?)")?;
             let mut sparse = tx.prepare_cached(
                 "INSERT INTO chunk_sparse (chunk_id, token_id, weight) VALUES (?, ?, ?)",
             )?;
@@ -415,6 +471,7 @@ impl Store {
                     ])?;
                     let chunk_id = tx.last_insert_rowid();
                     vec.execute(params![chunk_id, f32_blob(&c.dense)])?;
+                    code.execute(params![chunk_id, binary_code(&c.dense)])?;
                     if let Some(weights) = &c.sparse {
                         for (token, w) in weights {
                             sparse.execute(params![chunk_id, *token as i64, *w as f64])?;
@@ -463,7 +520,19 @@ impl Store {
     }
 }
 
-fn cache_key(namespace: &str, text: &str) -> Vec<u8> {
+/// Tells this index file from any other, so that a file derived from an
+/// index (search's code file) is never read against a different one.
+fn new_index_id() -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(format!("{:?} {}", std::time::SystemTime::now(), std::process::id()).as_bytes());
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub(crate) fn cache_key(namespace: &str, text: &str) -> Vec<u8> {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(namespace.as_bytes());

@@ -3,6 +3,7 @@
 //! sparse lexical score, fused by reciprocal rank (or weighted as openClaw
 //! does), then grouped into sessions by lineage, Hermes's rules applied.
 
+pub mod binary;
 pub mod vector;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -10,10 +11,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use anyhow::{Context, Result, bail};
 use rusqlite::params_from_iter;
 use rusqlite::types::Value as SqlValue;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::embedder::{Embedder, Outputs};
-use crate::index::store::{Identity, Store, f32_blob};
+use crate::index::store::{Identity, Store};
 use crate::score;
 
 /// Reciprocal rank fusion's constant.
@@ -23,7 +24,7 @@ const MAX_KEYWORD_QUERY_CHARS: usize = 2048;
 /// Longest snippet, in characters.
 const SNIPPET_CHARS: usize = 240;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fusion {
     /// Reciprocal rank fusion of the three signals.
@@ -33,7 +34,7 @@ pub enum Fusion {
 }
 
 /// Which signals to use: all three, or one alone (for comparisons).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Signals {
     Hybrid,
@@ -68,6 +69,8 @@ pub struct SearchOptions {
     pub mmr: Option<f32>,
     /// Halve a result's score every this many days of age.
     pub half_life_days: Option<f64>,
+    /// How the nearest vectors are found.
+    pub scan: vector::Strategy,
 }
 
 impl Default for SearchOptions {
@@ -81,6 +84,7 @@ impl Default for SearchOptions {
             rerank: false,
             mmr: None,
             half_life_days: None,
+            scan: vector::Strategy::Auto,
         }
     }
 }
@@ -172,7 +176,7 @@ pub fn search(
     let mut lists: Vec<Vec<i64>> = Vec::new();
     let mut dense_sim: HashMap<i64, f32> = HashMap::new();
     if let Some(dense) = embedded.as_ref().and_then(|e| e.dense.as_ref()) {
-        let hits = dense_candidates(store, dense, pool, identity.normalized)?;
+        let hits = dense_candidates(store, dense, pool, identity.normalized, options.scan)?;
         lists.push(hits.iter().map(|h| h.0).collect());
         dense_sim.extend(hits);
     }
@@ -228,10 +232,8 @@ pub fn search(
             .values()
             .filter(|c| !dense_sim.contains_key(&c.id))
             .collect();
-        let namespace = identity.embedding_key();
         dense_sim.extend(exact_similarity(
             store,
-            &namespace,
             dense,
             &missing,
             identity.normalized,
@@ -317,8 +319,9 @@ fn dense_candidates(
     query: &[f32],
     k: usize,
     normalized: bool,
+    scan: vector::Strategy,
 ) -> Result<Vec<(i64, f32)>> {
-    let hits = vector::knn(store.conn(), query, k, vector::Strategy::Exact)?;
+    let hits = vector::knn(store, query, k, scan)?;
     Ok(hits
         .into_iter()
         .map(|(id, d)| (id, l2_to_similarity(d, normalized)))
@@ -334,30 +337,22 @@ fn l2_to_similarity(distance: f32, normalized: bool) -> f32 {
     }
 }
 
-/// The cosine of passages that the vector search did not return. Their
-/// vectors are read from the embedding cache (one B-tree lookup each, written
-/// with every chunk); a point lookup in vec0 walks a 4 MB blob (~0.6 ms).
+/// The cosine of passages that the vector search did not return.
 fn exact_similarity(
     store: &Store,
-    namespace: &str,
     query: &[f32],
     chunks: &[&Chunk],
     normalized: bool,
 ) -> Result<Vec<(i64, f32)>> {
+    let vectors = vector::StoredVectors::new(store)?;
     let mut out = Vec::with_capacity(chunks.len());
     for chunk in chunks {
-        let distance = match store.cached(namespace, &chunk.text, 0)? {
-            Some(row) => vector::l2(query, &row.dense),
-            None => store
-                .conn()
-                .prepare_cached(
-                    "SELECT vec_distance_l2(embedding, ?) FROM chunks_vec WHERE chunk_id = ?",
-                )?
-                .query_row(rusqlite::params![f32_blob(query), chunk.id], |r| {
-                    r.get::<_, f64>(0)
-                })? as f32,
-        };
-        out.push((chunk.id, l2_to_similarity(distance, normalized)));
+        if let Some(v) = vectors.get_by_text(chunk.id, &chunk.text)? {
+            out.push((
+                chunk.id,
+                l2_to_similarity(vector::l2(query, &v), normalized),
+            ));
+        }
     }
     Ok(out)
 }

@@ -1,0 +1,91 @@
+//! `recall serve`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use recall::serve::{DEFAULT_PORT, ServeConfig, serve};
+
+use super::ModelArgs;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on. Anything but a loopback address needs --api-key.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(
+        long,
+        env = "RECALL_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    api_key: Option<String>,
+    /// The model name clients use (a BGE-M3 model also answers to bge-m3 and BAAI/bge-m3).
+    /// Default: bge-m3 for a BGE-M3 model, else the model directory's name.
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
+    max_body_bytes: usize,
+    /// Inputs in one request.
+    #[arg(long, default_value_t = 2048, value_name = "N")]
+    max_items: usize,
+    /// Requests handled at once; more are answered 429.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    max_concurrent_requests: usize,
+    /// Inputs waiting for a forward pass; more are answered 503 with Retry-After.
+    #[arg(long, default_value_t = 8192, value_name = "N")]
+    max_queue: usize,
+    /// The index that POST /search searches. Default: $HERMES_HOME/recall/index.db.
+    #[arg(long, value_name = "PATH")]
+    index: Option<PathBuf>,
+    /// Hermes home, for the default index. Default: $HERMES_HOME, else ~/.hermes.
+    #[arg(long, value_name = "DIR")]
+    hermes_home: Option<PathBuf>,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let index = args.index.clone().or_else(|| {
+        args.hermes_home
+            .clone()
+            .or_else(recall::source::hermes::default_home)
+            .map(|home| recall::index::default_index_path(&home))
+    });
+    let embedder = args.model.load()?;
+    let served_model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        if embedder.info().sparse {
+            "bge-m3".into()
+        } else {
+            embedder
+                .info()
+                .dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "recall".into())
+        }
+    });
+    let config = ServeConfig {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key,
+        served_model_name,
+        max_body_bytes: args.max_body_bytes,
+        max_items: args.max_items,
+        max_concurrent_requests: args.max_concurrent_requests,
+        max_queue: args.max_queue,
+        max_batch_tokens: args.model.batch_tokens(),
+        index,
+    };
+    config.check()?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(embedder, config))
+}

@@ -1,0 +1,508 @@
+//! `recall serve`: the embedding model over HTTP, in the shapes that OpenAI,
+//! Ollama and text-embeddings-inference clients already speak, plus recall's
+//! session search.
+//!
+//! A thin layer: each API module (`openai`, `ollama`, `tei`, `recall_api`)
+//! turns its request shape into inputs and its answer back into its own
+//! shape, errors included; all of them embed through one `Batcher`, which
+//! packs concurrent requests into shared forward passes. This module holds
+//! the server: configuration, shared input checks, the error type, API-key
+//! and concurrency middleware, metrics, and graceful shutdown.
+
+mod batcher;
+mod metrics;
+mod ollama;
+mod openai;
+mod recall_api;
+mod tei;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
+
+pub use batcher::{BatchError, Batcher};
+pub use metrics::Metrics;
+
+use crate::embedder::{Embedder, Embedding, Outputs};
+use crate::index::store::Identity;
+use crate::tokenize::Tokens;
+
+/// Default port: Ollama's 11434, plus one.
+pub const DEFAULT_PORT: u16 = 11435;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub host: IpAddr,
+    pub port: u16,
+    /// Required to bind anything but a loopback address.
+    pub api_key: Option<String>,
+    /// The name the model answers to, besides `bge-m3` and `BAAI/bge-m3` for a BGE-M3 model.
+    pub served_model_name: String,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Inputs in one request.
+    pub max_items: usize,
+    /// Requests handled at once; more get 429.
+    pub max_concurrent_requests: usize,
+    /// Inputs waiting for a forward pass; more get 503 with Retry-After.
+    pub max_queue: usize,
+    /// Tokens packed into one forward pass.
+    pub max_batch_tokens: usize,
+    /// The index that `POST /search` searches (None: search is unavailable).
+    pub index: Option<PathBuf>,
+}
+
+impl ServeConfig {
+    /// Binding beyond this machine needs an API key.
+    pub fn check(&self) -> Result<()> {
+        if !self.host.is_loopback() && self.api_key.as_deref().is_none_or(str::is_empty) {
+            bail!(
+                "listening on {} would let anyone who can reach this machine use the model: \
+                 set an API key with --api-key or RECALL_API_KEY (clients send it as \
+                 `Authorization: Bearer KEY`), or listen on 127.0.0.1",
+                self.host
+            );
+        }
+        if self.max_items == 0 || self.max_concurrent_requests == 0 || self.max_queue == 0 {
+            bail!("--max-items, --max-concurrent-requests and --max-queue must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub embedder: Arc<Embedder>,
+    pub batcher: Batcher,
+    pub metrics: Arc<Metrics>,
+    pub config: ServeConfig,
+    /// What the model is (name, revision, dimension), as an index would record it.
+    pub identity: Identity,
+    pub started: Instant,
+    requests: Arc<Semaphore>,
+}
+
+type Shared = Arc<AppState>;
+
+/// Which client's error shape a route answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    OpenAi,
+    Ollama,
+    Tei,
+    Recall,
+}
+
+impl Dialect {
+    fn of_path(path: &str) -> Self {
+        if path.starts_with("/api/") {
+            Dialect::Ollama
+        } else if path.starts_with("/v1/") || path == "/embeddings" {
+            Dialect::OpenAi
+        } else if path.starts_with("/embed") {
+            Dialect::Tei
+        } else {
+            Dialect::Recall
+        }
+    }
+}
+
+/// An error a client caused (or a refusal under load), rendered in the
+/// client's own shape.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault (OpenAI's `param`).
+    pub param: Option<&'static str>,
+    /// OpenAI's `code`.
+    pub code: Option<&'static str>,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    pub fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn render(self, dialect: Dialect) -> Response {
+        let body = match dialect {
+            Dialect::OpenAi => json!({"error": {
+                "message": self.message,
+                "type": match self.status.as_u16() {
+                    401 => "authentication_error",
+                    429 | 503 => "rate_limit_error",
+                    500.. => "server_error",
+                    _ => "invalid_request_error",
+                },
+                "param": self.param,
+                "code": self.code,
+            }}),
+            Dialect::Tei => json!({
+                "error": self.message,
+                "error_type": match self.status.as_u16() {
+                    429 | 503 => "overloaded",
+                    500.. => "backend",
+                    401 => "unauthorized",
+                    _ => "validation",
+                },
+            }),
+            Dialect::Ollama | Dialect::Recall => json!({"error": self.message}),
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+impl From<BatchError> for ApiError {
+    fn from(e: BatchError) -> Self {
+        let status = match e {
+            BatchError::QueueFull { .. } | BatchError::Closed => StatusCode::SERVICE_UNAVAILABLE,
+            BatchError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut err = ApiError::new(status, e.to_string());
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            err.retry_after = Some(1);
+        }
+        err
+    }
+}
+
+/// The inputs of a request: texts, or token ids of the model's own vocabulary.
+pub enum Inputs {
+    Texts(Vec<String>),
+    Ids(Vec<Vec<u32>>),
+}
+
+impl Inputs {
+    pub fn len(&self) -> usize {
+        match self {
+            Inputs::Texts(t) => t.len(),
+            Inputs::Ids(i) => i.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl AppState {
+    /// The names this model answers to.
+    pub fn answers_to(&self, name: &str) -> bool {
+        let name = name.strip_suffix(":latest").unwrap_or(name);
+        name == self.config.served_model_name
+            || (self.embedder.info().sparse && (name == "bge-m3" || name == "BAAI/bge-m3"))
+    }
+
+    /// Checks the requested model name (an absent one means this model).
+    pub fn check_model(&self, name: Option<&str>) -> Result<(), ApiError> {
+        match name {
+            Some(n) if !n.is_empty() && !self.answers_to(n) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model {n:?} not found: this server has {:?}",
+                    self.config.served_model_name
+                ),
+            )
+            .param("model")
+            .code("model_not_found")),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks a requested output dimension: the model's own is the only one.
+    pub fn check_dimensions(&self, dimensions: Option<usize>) -> Result<(), ApiError> {
+        let dim = self.embedder.info().dense_dim;
+        match dimensions {
+            Some(d) if d != dim => Err(ApiError::bad_request(format!(
+                "`dimensions` {d} is not supported: this model gives {dim}-dimensional vectors \
+                 (leave `dimensions` out, or ask for {dim})"
+            ))
+            .param("dimensions")),
+            _ => Ok(()),
+        }
+    }
+
+    /// Tokenises (on the blocking pool) and checks `inputs`. Without
+    /// `truncate`, an input over the length limit is an error.
+    pub async fn tokens(&self, inputs: Inputs, truncate: bool) -> Result<Vec<Tokens>, ApiError> {
+        if inputs.is_empty() {
+            return Err(ApiError::bad_request("`input` is empty: send at least one").param("input"));
+        }
+        if inputs.len() > self.config.max_items {
+            return Err(ApiError::bad_request(format!(
+                "{} inputs in one request: the limit is {}; split the request",
+                inputs.len(),
+                self.config.max_items
+            ))
+            .param("input"));
+        }
+        let info = self.embedder.info();
+        let max = info.max_length;
+        match inputs {
+            Inputs::Ids(ids) => ids
+                .into_iter()
+                .enumerate()
+                .map(|(i, ids)| {
+                    if ids.is_empty() {
+                        return Err(ApiError::bad_request(format!("input {i} has no tokens")));
+                    }
+                    if let Some(bad) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+                        return Err(ApiError::bad_request(format!(
+                            "input {i} has token id {bad}, outside this model's vocabulary of {}",
+                            info.vocab_size
+                        )));
+                    }
+                    if ids.len() > max && !truncate {
+                        return Err(too_long(i, ids.len(), max));
+                    }
+                    let truncated = ids.len() > max;
+                    let mut ids = ids;
+                    ids.truncate(max);
+                    Ok(Tokens { ids, truncated })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.param("input")),
+            Inputs::Texts(texts) => {
+                let embedder = self.embedder.clone();
+                let (texts, tokens) = tokio::task::spawn_blocking(move || {
+                    let tokens = embedder.tokenize(&texts);
+                    (texts, tokens)
+                })
+                .await
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                let tokens = tokens.map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+                if !truncate && let Some(i) = tokens.iter().position(|t| t.truncated) {
+                    let n = self
+                        .embedder
+                        .tokenizer()
+                        .count(&texts[i])
+                        .unwrap_or(max + 1);
+                    return Err(too_long(i, n, max).param("input"));
+                }
+                Ok(tokens)
+            }
+        }
+    }
+
+    /// Embeds checked inputs through the batcher.
+    pub async fn embed(
+        &self,
+        tokens: Vec<Tokens>,
+        outputs: Outputs,
+    ) -> Result<Vec<Embedding>, ApiError> {
+        self.embedder
+            .check_outputs(outputs)
+            .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+        self.metrics.queued.set(self.batcher.queued() as i64);
+        Ok(self.batcher.embed(tokens, outputs).await?)
+    }
+}
+
+fn too_long(i: usize, n: usize, max: usize) -> ApiError {
+    ApiError::bad_request(format!(
+        "input {i} has {n} tokens, more than this server's limit of {max} \
+         (ask for truncation, or split the text)"
+    ))
+}
+
+/// Parses a JSON body, naming what is wrong in the client's shape.
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid: {e}")))
+}
+
+/// The router with every route and middleware.
+pub fn router(state: Shared) -> Router {
+    let max_body = state.config.max_body_bytes;
+    Router::new()
+        .merge(openai::routes())
+        .merge(ollama::routes())
+        .merge(tei::routes())
+        .merge(recall_api::routes())
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limit_and_measure,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn authorize(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let Some(key) = state.config.api_key.as_deref().filter(|k| !k.is_empty()) else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key: send `Authorization: Bearer KEY`",
+        )
+        .code("invalid_api_key")
+        .render(Dialect::of_path(request.uri().path()))
+    }
+}
+
+async fn limit_and_measure(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let path = request.uri().path().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let response = match state.requests.clone().try_acquire_owned() {
+        Ok(permit) => {
+            let response = next.run(request).await;
+            drop(permit);
+            response
+        }
+        Err(_) => {
+            let mut err = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "too many requests at once (limit {}): retry shortly",
+                    state.config.max_concurrent_requests
+                ),
+            );
+            err.retry_after = Some(1);
+            err.render(Dialect::of_path(&path))
+        }
+    };
+    let response = if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than this server's limit of {} bytes (--max-body-bytes)",
+                state.config.max_body_bytes
+            ),
+        )
+        .render(Dialect::of_path(&path))
+    } else {
+        response
+    };
+    state
+        .metrics
+        .request(&route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// Serves until SIGINT or SIGTERM, then finishes the requests in flight.
+pub async fn serve(embedder: Embedder, config: ServeConfig) -> Result<()> {
+    config.check()?;
+    let embedder = Arc::new(embedder);
+    let metrics = Arc::new(Metrics::default());
+    let batcher = Batcher::start(
+        embedder.clone(),
+        config.max_batch_tokens,
+        config.max_queue,
+        metrics.clone(),
+    );
+    let identity = crate::index::identity(&embedder, crate::index::chunk::ChunkParams::default());
+    let addr = SocketAddr::new(config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        requests: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+        embedder,
+        batcher,
+        metrics,
+        config,
+        identity,
+        started: Instant::now(),
+    });
+    let info = state.embedder.info();
+    eprintln!(
+        "recall serve: {} ({} dims, up to {} tokens per input) as {:?} on http://{local}",
+        info.dir.display(),
+        info.dense_dim,
+        info.max_length,
+        state.config.served_model_name
+    );
+    // Tests and scripts read the address from this line.
+    println!("listening on http://{local}");
+    axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    state.batcher.close();
+    eprintln!("recall serve: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        _ = terminate => {},
+    }
+    eprintln!("recall serve: finishing the requests in flight");
+}
+
+/// Nanoseconds, as Ollama reports durations.
+pub fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}

@@ -1,0 +1,139 @@
+//! OpenAI's `POST /v1/embeddings` (also `/embeddings`).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, Dialect, Inputs, Shared, parse_body};
+use crate::embedder::Outputs;
+
+pub fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/v1/embeddings", post(embeddings))
+        .route("/embeddings", post(embeddings))
+}
+
+#[derive(Deserialize)]
+struct Request {
+    input: Value,
+    model: Option<String>,
+    encoding_format: Option<String>,
+    dimensions: Option<usize>,
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+async fn embeddings(State(state): State<Shared>, body: Bytes) -> Response {
+    match answer(&state, &body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.render(Dialect::OpenAi),
+    }
+}
+
+async fn answer(state: &Shared, body: &[u8]) -> Result<Value, ApiError> {
+    let request: Request = parse_body(body)?;
+    state.check_model(request.model.as_deref())?;
+    state.check_dimensions(request.dimensions)?;
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "`encoding_format` {other:?} is not supported: use \"float\" or \"base64\""
+            ))
+            .param("encoding_format"));
+        }
+    };
+    let inputs = inputs(request.input)?;
+    // OpenAI refuses an input over the model's context rather than cutting it.
+    let tokens = state.tokens(inputs, false).await?;
+    let embeddings = state.embed(tokens, Outputs::DENSE).await?;
+    let used: usize = embeddings.iter().map(|e| e.tokens).sum();
+    let data: Vec<Value> = embeddings
+        .into_iter()
+        .enumerate()
+        .map(|(index, e)| {
+            let v = e.dense.unwrap_or_default();
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    Ok(json!({
+        "object": "list",
+        "data": data,
+        "model": request.model.filter(|m| !m.is_empty()).unwrap_or_else(|| state.config.served_model_name.clone()),
+        "usage": {"prompt_tokens": used, "total_tokens": used},
+    }))
+}
+
+/// `input`: a string, strings, token ids, or arrays of token ids.
+fn inputs(input: Value) -> Result<Inputs, ApiError> {
+    let bad = |why: &str| {
+        ApiError::bad_request(format!(
+            "`input` {why}: send a string, an array of strings, an array of token ids, \
+             or an array of arrays of token ids"
+        ))
+        .param("input")
+    };
+    let token = |v: &Value| v.as_u64().and_then(|t| u32::try_from(t).ok());
+    match input {
+        Value::String(s) => texts(vec![s]),
+        Value::Array(items) if items.is_empty() => Err(bad("is an empty array")),
+        Value::Array(items) => match &items[0] {
+            Value::String(_) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s),
+                    _ => Err(bad("mixes strings with other values")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(texts),
+            Value::Number(_) => items
+                .iter()
+                .map(|v| {
+                    token(v)
+                        .ok_or_else(|| bad("has a token id that is not a 32-bit unsigned integer"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|ids| Inputs::Ids(vec![ids])),
+            Value::Array(_) => items
+                .iter()
+                .map(|item| {
+                    item.as_array()
+                        .ok_or_else(|| bad("mixes arrays of token ids with other values"))?
+                        .iter()
+                        .map(|v| {
+                            token(v).ok_or_else(|| {
+                                bad("has a token id that is not a 32-bit unsigned integer")
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Inputs::Ids),
+            _ => Err(bad("holds neither strings nor token ids")),
+        },
+        Value::Null => Err(bad("is missing")),
+        _ => Err(bad("has the wrong type")),
+    }
+}
+
+fn texts(texts: Vec<String>) -> Result<Inputs, ApiError> {
+    if let Some(i) = texts.iter().position(|t| t.is_empty()) {
+        return Err(ApiError::bad_request(format!(
+            "input {i} is an empty string, which has no embedding"
+        ))
+        .param("input"));
+    }
+    Ok(Inputs::Texts(texts))
+}

@@ -1,0 +1,547 @@
+//! `recall serve` with the tiny BGE-M3: the real client libraries (openai,
+//! ollama, LangChain, from PyPI) get `recall embed`'s vectors; TEI's sparse
+//! and ColBERT routes; errors in each client's shape; limits, API key,
+//! backpressure, batching across requests, graceful shutdown; /search.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+const TEXTS: &[&str] = &[
+    "The server ran out of disk space",
+    "磁盘空间不足，需要清理日志",
+    "nginx -t: unexpected end of file 🚀",
+];
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Self {
+        let model = tiny_model_dir();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+            .args(["serve", "--port", "0", "--model", model.to_str().unwrap()])
+            .args(extra)
+            .env_remove("RECALL_API_KEY")
+            .env_remove("HERMES_HOME")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Self { child, base }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// SIGTERM, then the exit status and standard error.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        terminate(&self.child);
+        let status = self.child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut self.child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn terminate(child: &Child) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+/// POST `body` as JSON: (status, JSON answer, Retry-After).
+fn post(url: &str, body: &Value) -> (u16, Value, Option<String>) {
+    post_with(url, body, None)
+}
+
+fn post_with(url: &str, body: &Value, key: Option<&str>) -> (u16, Value, Option<String>) {
+    let mut request = agent().post(url);
+    if let Some(key) = key {
+        request = request.header("Authorization", &format!("Bearer {key}"));
+    }
+    let mut response = request.send_json(body).unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = response.body_mut().read_to_string().unwrap();
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value, retry)
+}
+
+fn get(url: &str) -> (u16, String) {
+    let mut response = agent().get(url).call().unwrap();
+    (
+        response.status().as_u16(),
+        response.body_mut().read_to_string().unwrap(),
+    )
+}
+
+/// `recall embed --sparse --colbert` of TEXTS with the tiny model.
+fn reference() -> Vec<Value> {
+    let model = tiny_model_dir();
+    let mut args = vec![
+        "embed",
+        "--model",
+        model.to_str().unwrap(),
+        "--sparse",
+        "--colbert",
+    ];
+    args.extend_from_slice(TEXTS);
+    let (ok, out, err) = recall_cli(&args);
+    assert!(ok, "{err}");
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn assert_vectors(name: &str, got: &Value, want: &[Vec<f32>]) {
+    let got: Vec<Vec<f32>> = got.as_array().unwrap().iter().map(floats).collect();
+    assert_eq!(got.len(), want.len(), "{name}: count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{name}[{i}]: dimension");
+        let diff = max_abs_diff(g, w);
+        assert!(
+            diff < 1e-6,
+            "{name}[{i}]: differs from recall embed by {diff}"
+        );
+    }
+}
+
+#[test]
+fn real_clients_get_recall_embeds_vectors() {
+    let python = std::env::var("RECALL_TEST_CLIENTS_PYTHON").expect(
+        "RECALL_TEST_CLIENTS_PYTHON is not set: run the tests with scripts/test.sh, which \
+         installs the client libraries into a venv (scripts/clients_venv.sh)",
+    );
+    let want: Vec<Vec<f32>> = reference().iter().map(|r| floats(&r["dense"])).collect();
+    let server = Server::start(&[]);
+    let out = Command::new(python)
+        .arg(repo_root().join("tests/clients/clients.py"))
+        .arg(&server.base)
+        .arg(serde_json::to_string(TEXTS).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "clients.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for name in [
+        "openai_default",
+        "openai_float",
+        "openai_base64",
+        "ollama_embed",
+        "langchain_openai",
+        "langchain_ollama",
+    ] {
+        assert_vectors(name, &got[name], &want);
+    }
+    assert_vectors(
+        "ollama_embeddings",
+        &json!([got["ollama_embeddings"]]),
+        &want[..1],
+    );
+    let tokens: u64 = reference()
+        .iter()
+        .map(|r| r["tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(got["openai_usage"], tokens);
+    assert_eq!(got["openai_unknown_model"]["status"], 404);
+    assert_eq!(got["openai_unknown_model"]["code"], "model_not_found");
+    assert_eq!(got["openai_dimensions"]["status"], 400);
+    assert_eq!(got["openai_dimensions"]["param"], "dimensions");
+    assert_eq!(got["ollama_unknown_model"]["status"], 404);
+    assert!(
+        got["ollama_tags"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("bge-m3:latest")),
+        "{}",
+        got["ollama_tags"]
+    );
+    let (status, _) = server.stop();
+    assert!(status.success());
+}
+
+#[test]
+fn tei_routes_give_sparse_weights_and_colbert_vectors() {
+    let reference = reference();
+    let server = Server::start(&[]);
+    let (status, dense, _) = post(&server.url("/embed"), &json!({"inputs": TEXTS}));
+    assert_eq!(status, 200);
+    let want: Vec<Vec<f32>> = reference.iter().map(|r| floats(&r["dense"])).collect();
+    assert_vectors("/embed", &dense, &want);
+
+    let (status, sparse, _) = post(&server.url("/embed_sparse"), &json!({"inputs": TEXTS}));
+    assert_eq!(status, 200);
+    for (got, want) in sparse.as_array().unwrap().iter().zip(&reference) {
+        let want = want["sparse"].as_array().unwrap();
+        let got = got.as_array().unwrap();
+        assert_eq!(got.len(), want.len());
+        for w in want {
+            let g = got.iter().find(|g| g["index"] == w["id"]).unwrap();
+            assert!((g["value"].as_f64().unwrap() - w["weight"].as_f64().unwrap()).abs() < 1e-6);
+        }
+    }
+
+    let (status, colbert, _) = post(&server.url("/embed_all"), &json!({"inputs": TEXTS}));
+    assert_eq!(status, 200);
+    for (got, want) in colbert.as_array().unwrap().iter().zip(&reference) {
+        let want: Vec<Vec<f32>> = want["colbert"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(floats)
+            .collect();
+        assert_vectors("/embed_all", got, &want);
+    }
+}
+
+#[test]
+fn token_ids_and_text_give_the_same_vector() {
+    let model = tiny_model_dir();
+    let cache = tempfile::tempdir().unwrap();
+    let embedder = load(&model, cache.path()).unwrap();
+    let ids: Vec<u32> = embedder.tokenize(&[TEXTS[0]]).unwrap()[0].ids.clone();
+    let server = Server::start(&[]);
+    let (_, text, _) = post(&server.url("/v1/embeddings"), &json!({"input": TEXTS[0]}));
+    let (status, by_ids, _) = post(&server.url("/v1/embeddings"), &json!({"input": [ids]}));
+    assert_eq!(status, 200, "{by_ids}");
+    assert_eq!(
+        floats(&text["data"][0]["embedding"]),
+        floats(&by_ids["data"][0]["embedding"])
+    );
+    let (status, one, _) = post(&server.url("/v1/embeddings"), &json!({"input": ids}));
+    assert_eq!(status, 200);
+    assert_eq!(one["data"][0]["embedding"], by_ids["data"][0]["embedding"]);
+}
+
+#[test]
+fn bad_requests_get_clear_errors_in_the_clients_shape() {
+    let server = Server::start(&["--max-items", "3", "--max-body-bytes", "4000"]);
+    let openai = server.url("/v1/embeddings");
+    let ollama = server.url("/api/embed");
+    let long = "word ".repeat(400);
+
+    let check = |url: &str, body: Value, status: u16, needle: &str| {
+        let (got, answer, _) = post(url, &body);
+        assert_eq!(got, status, "{body}: {answer}");
+        let message = answer["error"]["message"]
+            .as_str()
+            .or(answer["error"].as_str())
+            .unwrap_or_else(|| panic!("no error message in {answer}"));
+        assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+        answer
+    };
+    let a = check(
+        &openai,
+        json!({"input": "x", "model": "gpt-4"}),
+        404,
+        "gpt-4",
+    );
+    assert_eq!(a["error"]["type"], "invalid_request_error");
+    check(&openai, json!({"input": ""}), 400, "empty string");
+    check(&openai, json!({"input": []}), 400, "empty array");
+    check(&openai, json!({"input": [1, "a"]}), 400, "token id");
+    check(&openai, json!({"input": [[999999]]}), 400, "vocabulary");
+    check(
+        &openai,
+        json!({"input": "x", "encoding_format": "int8"}),
+        400,
+        "int8",
+    );
+    check(
+        &openai,
+        json!({"input": ["a", "b", "c", "d"]}),
+        400,
+        "limit is 3",
+    );
+    let a = check(&openai, json!({"input": long}), 400, "limit of 256");
+    assert_eq!(a["error"]["param"], "input");
+    check(&openai, json!({"inputs": "x"}), 400, "not valid");
+    check(
+        &openai,
+        json!({"input": "x".repeat(5000)}),
+        413,
+        "4000 bytes",
+    );
+
+    // Ollama cuts by default, refuses with truncate: false.
+    let (status, cut, _) = post(&ollama, &json!({"model": "bge-m3", "input": long}));
+    assert_eq!(status, 200);
+    assert_eq!(cut["prompt_eval_count"], 256);
+    check(
+        &ollama,
+        json!({"input": long, "truncate": false}),
+        400,
+        "limit of 256",
+    );
+    let a = check(
+        &ollama,
+        json!({"model": "llama3", "input": "x"}),
+        404,
+        "llama3",
+    );
+    assert!(a["error"].is_string());
+    check(
+        &ollama,
+        json!({"input": "x", "dimensions": 1024}),
+        400,
+        "32-dimensional",
+    );
+
+    let (status, tei, _) = post(&server.url("/embed"), &json!({"inputs": long}));
+    assert_eq!(status, 400);
+    assert_eq!(tei["error_type"], "validation");
+}
+
+#[test]
+fn api_key_is_required_off_loopback_and_checked() {
+    let model = tiny_model_dir();
+    let (ok, _, err) = recall_cli(&[
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--model",
+        model.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--api-key"), "{err}");
+
+    let server = Server::start(&["--api-key", "s3cret"]);
+    let url = server.url("/v1/embeddings");
+    let body = json!({"input": "x"});
+    assert_eq!(post_with(&url, &body, None).0, 401);
+    let (status, answer, _) = post_with(&url, &body, Some("wrong"));
+    assert_eq!(status, 401);
+    assert_eq!(answer["error"]["code"], "invalid_api_key");
+    assert_eq!(post_with(&url, &body, Some("s3cret")).0, 200);
+    assert_eq!(get(&server.url("/health")).0, 200);
+    assert_eq!(get(&server.url("/info")).0, 401);
+}
+
+/// A request of many long inputs that keeps the worker busy for a while.
+fn heavy() -> Value {
+    json!({"input": vec!["lorem ipsum dolor sit amet ".repeat(12); 2000]})
+}
+
+#[test]
+fn a_full_queue_answers_503_and_too_many_requests_429() {
+    let server = Server::start(&["--max-queue", "100", "--max-batch-tokens", "2048"]);
+    let url = server.url("/v1/embeddings");
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| post(&url, &heavy()).0);
+        std::thread::sleep(Duration::from_millis(1500));
+        let (status, answer, retry) = post(&url, &json!({"input": "a short query"}));
+        assert_eq!(status, 503, "{answer}");
+        assert_eq!(retry.as_deref(), Some("1"));
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("busy")
+        );
+        assert_eq!(busy.join().unwrap(), 200);
+    });
+    drop(server);
+
+    let server = Server::start(&[
+        "--max-concurrent-requests",
+        "1",
+        "--max-batch-tokens",
+        "2048",
+    ]);
+    let url = server.url("/v1/embeddings");
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| post(&url, &heavy()).0);
+        std::thread::sleep(Duration::from_millis(1500));
+        let (status, _, retry) = post(&url, &json!({"input": "a short query"}));
+        assert_eq!(status, 429);
+        assert_eq!(retry.as_deref(), Some("1"));
+        assert_eq!(busy.join().unwrap(), 200);
+    });
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in metrics"))
+}
+
+#[test]
+fn concurrent_requests_share_forward_passes_and_short_ones_wait_little() {
+    let server = Server::start(&["--max-batch-tokens", "4096"]);
+    let url = server.url("/v1/embeddings");
+    let passes = || metric(&get(&server.url("/metrics")).1, "recall_batch_inputs_count");
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| post(&url, &heavy()).0);
+        std::thread::sleep(Duration::from_millis(1000));
+        let before = passes();
+        let started = Instant::now();
+        let small: Vec<_> = (0..8)
+            .map(|i| {
+                let url = url.clone();
+                s.spawn(move || post(&url, &json!({"input": format!("query {i}")})).0)
+            })
+            .collect();
+        for h in small {
+            assert_eq!(h.join().unwrap(), 200);
+        }
+        let waited = started.elapsed();
+        let meanwhile = passes() - before;
+        assert_eq!(busy.join().unwrap(), 200);
+        // The short requests ride in the next pass, beside the heavy one's
+        // inputs, instead of waiting behind all 2,000 of them.
+        println!("8 short requests answered in {waited:?}, after {meanwhile} passes");
+        assert!(meanwhile <= 3.0, "short requests waited {meanwhile} passes");
+    });
+    let text = get(&server.url("/metrics")).1;
+    for name in [
+        "recall_requests_total",
+        "recall_tokens_total",
+        "recall_batch_tokens_bucket",
+        "recall_queue_duration_seconds_bucket",
+        "recall_request_duration_seconds_bucket",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    // All nine requests' inputs went through far fewer passes than there were inputs.
+    let inputs = metric(&text, "recall_inputs_total");
+    assert_eq!(inputs, 2008.0);
+    assert!(metric(&text, "recall_batch_inputs_count") < 2008.0);
+}
+
+#[test]
+fn sigterm_finishes_the_requests_in_flight() {
+    let server = Server::start(&["--max-batch-tokens", "2048"]);
+    let url = server.url("/v1/embeddings");
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| post(&url, &heavy()));
+        std::thread::sleep(Duration::from_millis(800));
+        terminate(&server.child);
+        let (status, answer, _) = busy.join().unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(answer["data"].as_array().unwrap().len(), 2000);
+    });
+    let (status, err) = server.stop();
+    assert!(status.success(), "{err}");
+    assert!(err.contains("finishing the requests in flight"), "{err}");
+}
+
+#[test]
+fn info_health_tags_and_search() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    let model = tiny_model_dir();
+    let (ok, _, err) = recall_cli(&[
+        "index",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let query = "nginx config error";
+    let (ok, out, err) = recall_cli(&[
+        "search",
+        "--json",
+        "--min-score=-1",
+        query,
+        "--hermes-home",
+        home.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let want: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!want.is_empty());
+
+    let server = Server::start(&["--hermes-home", home.to_str().unwrap()]);
+    let (status, found, _) = post(
+        &server.url("/search"),
+        &json!({"query": query, "min_score": -1.0}),
+    );
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["success"], true);
+    let ids = |v: &[Value]| -> Vec<String> {
+        v.iter()
+            .map(|h| h["session_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(found["results"].as_array().unwrap()), ids(&want));
+    assert_eq!(found["results"][0]["link"], want[0]["link"]);
+    let (status, filtered, _) = post(
+        &server.url("/search"),
+        &json!({"query": query, "min_score": -1.0, "role_filter": "assistant", "limit": 2}),
+    );
+    assert_eq!(status, 200);
+    let results = filtered["results"].as_array().unwrap();
+    assert!(results.len() <= 2 && results.iter().all(|h| h["role"] == "assistant"));
+    let (status, bad, _) = post(&server.url("/search"), &json!({"query": ""}));
+    assert_eq!(status, 400);
+    assert!(bad["error"].as_str().unwrap().contains("empty"), "{bad}");
+    let (status, bad, _) = post(&server.url("/search"), &json!({"q": "x"}));
+    assert_eq!(status, 400, "{bad}");
+
+    let (status, health) = get(&server.url("/health"));
+    assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));
+    let info: Value = serde_json::from_str(&get(&server.url("/info")).1).unwrap();
+    assert_eq!(info["dimension"], 32);
+    assert_eq!(info["max_input_length"], 256);
+    assert_eq!(info["outputs"]["colbert"], true);
+    let tags: Value = serde_json::from_str(&get(&server.url("/api/tags")).1).unwrap();
+    assert_eq!(tags["models"][0]["name"], "bge-m3:latest");
+    let version: Value = serde_json::from_str(&get(&server.url("/api/version")).1).unwrap();
+    assert!(version["version"].is_string());
+}
