@@ -15,5 +15,6 @@ pub mod search;
 pub mod serve;
 pub mod source;
 pub mod tokenize;
+pub mod watch;
 
 pub use embedder::{Embedder, Embedding, LoadOptions, ModelInfo, Outputs, default_device};

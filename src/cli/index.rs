@@ -64,6 +64,11 @@ impl HermesArgs {
             .collect())
     }
 
+    /// The profiles, whether or not Hermes has written their databases yet.
+    pub fn profiles_even_missing(&self) -> Result<Vec<Profile>> {
+        hermes::profiles(&self.home()?, self.profile.as_deref(), self.all_profiles)
+    }
+
     pub fn profile_name(&self) -> Option<String> {
         self.profile.clone()
     }
@@ -91,6 +96,30 @@ impl HermesArgs {
     }
 }
 
+/// How messages are cut into chunks.
+#[derive(Args, Clone)]
+pub struct ChunkArgs {
+    /// Tokens per chunk window, special tokens included. Default: 512, or the model's limit if smaller.
+    #[arg(long)]
+    chunk_tokens: Option<usize>,
+    /// Tokens shared by consecutive windows of a long message.
+    #[arg(long, default_value_t = 64)]
+    chunk_overlap: usize,
+}
+
+impl ChunkArgs {
+    pub fn params(&self, embedder: &recall::Embedder) -> ChunkParams {
+        ChunkParams {
+            window: self.chunk_tokens.unwrap_or(
+                ChunkParams::default()
+                    .window
+                    .min(embedder.info().max_length),
+            ),
+            overlap: self.chunk_overlap,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct IndexArgs {
     #[command(flatten)]
@@ -100,12 +129,8 @@ pub struct IndexArgs {
     /// Empty the index and embed everything again (needed after changing the model or chunking).
     #[arg(long)]
     rebuild: bool,
-    /// Tokens per chunk window, special tokens included. Default: 512, or the model's limit if smaller.
-    #[arg(long)]
-    chunk_tokens: Option<usize>,
-    /// Tokens shared by consecutive windows of a long message.
-    #[arg(long, default_value_t = 64)]
-    chunk_overlap: usize,
+    #[command(flatten)]
+    chunk: ChunkArgs,
     /// Print a JSON summary instead of a progress bar and text.
     #[arg(long)]
     json: bool,
@@ -123,14 +148,7 @@ pub fn run_index(args: IndexArgs) -> Result<()> {
     };
     let options = IndexOptions {
         selection,
-        chunk: ChunkParams {
-            window: args.chunk_tokens.unwrap_or(
-                ChunkParams::default()
-                    .window
-                    .min(embedder.info().max_length),
-            ),
-            overlap: args.chunk_overlap,
-        },
+        chunk: args.chunk.params(&embedder),
         rebuild: args.rebuild,
     };
     let bar = if !args.json && std::io::stderr().is_terminal() {

@@ -6,6 +6,7 @@ mod index;
 mod model;
 mod search;
 mod serve;
+mod watch;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,8 @@ enum Command {
     Show(search::ShowArgs),
     /// Get, move and check models: fetch, export, import, verify, list, info.
     Model(model::ModelCommand),
+    /// Follow Hermes's database and index each change as it happens.
+    Watch(watch::WatchArgs),
     /// Serve the model over HTTP to OpenAI, Ollama and TEI clients, plus session search.
     Serve(serve::ServeArgs),
 }
@@ -150,5 +153,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Show(args) => search::run_show(args),
         Command::Model(cmd) => model::run(cmd),
         Command::Serve(args) => serve::run(args),
+        Command::Watch(args) => watch::run(args),
     }
 }

@@ -5,9 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use recall::serve::{DEFAULT_PORT, ServeConfig, serve};
+use recall::index::IndexOptions;
+use recall::serve::{DEFAULT_PORT, ServeConfig, WatchJob, serve};
+use recall::watch::WatchOptions;
 
 use super::ModelArgs;
+use super::index::ChunkArgs;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -49,6 +52,22 @@ pub struct ServeArgs {
     /// Hermes home, for the default index. Default: $HERMES_HOME, else ~/.hermes.
     #[arg(long, value_name = "DIR")]
     hermes_home: Option<PathBuf>,
+    /// Also follow Hermes's database and index each change as it happens (as `recall watch`).
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: the Hermes profile to follow (default: the default profile).
+    #[arg(
+        long,
+        value_name = "NAME",
+        conflicts_with = "all_profiles",
+        requires = "watch"
+    )]
+    profile: Option<String>,
+    /// With --watch: follow every profile.
+    #[arg(long, requires = "watch")]
+    all_profiles: bool,
+    #[command(flatten)]
+    chunk: ChunkArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -58,7 +77,37 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .or_else(recall::source::hermes::default_home)
             .map(|home| recall::index::default_index_path(&home))
     });
-    let embedder = args.model.load()?;
+    let remembered = match &index {
+        Some(p) if p.is_file() => recall::index::store::Store::open(p)?.model_dir()?,
+        _ => None,
+    };
+    let embedder = args.model.load_or(remembered)?;
+    let watch = if args.watch {
+        let home = args
+            .hermes_home
+            .clone()
+            .or_else(recall::source::hermes::default_home)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--watch: cannot find Hermes: set HERMES_HOME or pass --hermes-home"
+                )
+            })?;
+        Some(WatchJob {
+            profiles: recall::source::hermes::profiles(
+                &home,
+                args.profile.as_deref(),
+                args.all_profiles,
+            )?,
+            options: IndexOptions {
+                selection: recall::source::hermes::Selection::default(),
+                chunk: args.chunk.params(&embedder),
+                rebuild: false,
+            },
+            timing: WatchOptions::default(),
+        })
+    } else {
+        None
+    };
     let served_model_name = args.served_model_name.clone().unwrap_or_else(|| {
         if embedder.info().sparse {
             "bge-m3".into()
@@ -87,5 +136,5 @@ pub fn run(args: ServeArgs) -> Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(serve(embedder, config))
+        .block_on(serve(embedder, config, watch))
 }

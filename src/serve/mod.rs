@@ -82,6 +82,13 @@ impl ServeConfig {
     }
 }
 
+/// `recall serve --watch`: the Hermes profiles to follow into `ServeConfig::index`.
+pub struct WatchJob {
+    pub profiles: Vec<crate::source::hermes::Profile>,
+    pub options: crate::index::IndexOptions,
+    pub timing: crate::watch::WatchOptions,
+}
+
 /// What every handler shares.
 pub struct AppState {
     pub embedder: Arc<Embedder>,
@@ -91,6 +98,8 @@ pub struct AppState {
     /// What the model is (name, revision, dimension), as an index would record it.
     pub identity: Identity,
     pub started: Instant,
+    /// Wakes the watcher (`POST /index`), when the server runs one.
+    pub nudge: Option<crate::watch::Nudge>,
     requests: Arc<Semaphore>,
 }
 
@@ -437,9 +446,53 @@ async fn limit_and_measure(State(state): State<Shared>, request: Request, next: 
 }
 
 /// Serves until SIGINT or SIGTERM, then finishes the requests in flight.
-pub async fn serve(embedder: Embedder, config: ServeConfig) -> Result<()> {
+/// With `watch`, a thread also indexes Hermes's changes as they happen.
+pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJob>) -> Result<()> {
     config.check()?;
     let embedder = Arc::new(embedder);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (nudge, watcher) = match (watch, config.index.clone()) {
+        (Some(job), Some(index)) => {
+            let (nudge, nudges) = crate::watch::nudge_channel();
+            let (embedder, stop) = (embedder.clone(), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name("recall-watch".into())
+                .spawn(move || {
+                    let report = |event: crate::watch::Event| match event {
+                        crate::watch::Event::Indexed(r)
+                            if r.embedded_messages + r.deleted_messages > 0 =>
+                        {
+                            tracing::info!(
+                                "indexed {} new or changed messages, removed {}, in {:.2}s",
+                                r.embedded_messages,
+                                r.deleted_messages,
+                                r.seconds
+                            )
+                        }
+                        crate::watch::Event::Indexed(_) => {}
+                        crate::watch::Event::Failed(e) => {
+                            eprintln!("recall serve: cannot index: {e}")
+                        }
+                        crate::watch::Event::Waiting(p) => {
+                            eprintln!("recall serve: waiting for Hermes at {}", p[0].display())
+                        }
+                    };
+                    crate::watch::watch(
+                        &embedder,
+                        &index,
+                        &job.profiles,
+                        &job.options,
+                        job.timing,
+                        &nudges,
+                        &stop,
+                        &report,
+                    )
+                })?;
+            (Some(nudge), Some(thread))
+        }
+        (Some(_), None) => bail!("--watch needs an index: pass --index PATH or --hermes-home DIR"),
+        _ => (None, None),
+    };
     let metrics = Arc::new(Metrics::default());
     let batcher = Batcher::start(
         embedder.clone(),
@@ -461,6 +514,7 @@ pub async fn serve(embedder: Embedder, config: ServeConfig) -> Result<()> {
         config,
         identity,
         started: Instant::now(),
+        nudge,
     });
     let info = state.embedder.info();
     eprintln!(
@@ -476,6 +530,10 @@ pub async fn serve(embedder: Embedder, config: ServeConfig) -> Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     state.batcher.close();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(thread) = watcher {
+        let _ = thread.join();
+    }
     eprintln!("recall serve: stopped");
     Ok(())
 }

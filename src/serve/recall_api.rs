@@ -18,6 +18,7 @@ use crate::search::{self, Filters, Fusion, SearchOptions, Signals};
 pub fn routes() -> Router<Shared> {
     Router::new()
         .route("/search", post(search_sessions))
+        .route("/index", post(index_now))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/info", get(info))
         .route("/metrics", get(metrics))
@@ -148,6 +149,21 @@ async fn search_sessions(State(state): State<Shared>, body: Bytes) -> Response {
     }
 }
 
+/// The Hermes plugin's nudge after each turn: index now rather than at the next poll.
+async fn index_now(State(state): State<Shared>) -> Response {
+    match &state.nudge {
+        Some(nudge) => {
+            nudge.nudge();
+            (StatusCode::ACCEPTED, Json(json!({"status": "queued"}))).into_response()
+        }
+        None => ApiError::new(
+            StatusCode::CONFLICT,
+            "this server does not follow Hermes: start it with `recall serve --watch`",
+        )
+        .render(Dialect::Recall),
+    }
+}
+
 async fn info(State(state): State<Shared>) -> Json<Value> {
     let info = state.embedder.info();
     let identity = &state.identity;
@@ -171,6 +187,7 @@ async fn info(State(state): State<Shared>) -> Json<Value> {
         "max_client_batch_size": state.config.max_items,
         "max_concurrent_requests": state.config.max_concurrent_requests,
         "index": state.config.index,
+        "watching": state.nudge.is_some(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "version": env!("CARGO_PKG_VERSION"),
     }))

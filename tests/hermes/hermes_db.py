@@ -86,8 +86,9 @@ def append(home: str, session: str, role: str, text: str) -> dict:
     if db.get_session(session) is None:
         db.create_session(session, "cli", model="test-model")
     mid = db.append_message(session, role, text)
+    committed_at = time.time()
     db.close()
-    return {"id": mid}
+    return {"id": mid, "committed_at": committed_at}
 
 
 def replace(home: str, session: str, keep: int, edit: str = None) -> dict:

@@ -1,0 +1,109 @@
+//! `recall watch`.
+
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Result;
+use clap::Args;
+use recall::index::IndexOptions;
+use recall::index::store::Store;
+use recall::watch::{self, Event, WatchOptions};
+use serde_json::json;
+
+use super::ModelArgs;
+use super::index::{ChunkArgs, HermesArgs};
+
+#[derive(Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    hermes: HermesArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    chunk: ChunkArgs,
+    /// How often to check Hermes's files when no file notification comes, in milliseconds.
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    poll_ms: u64,
+    /// How long Hermes's files must stay unchanged before indexing, in milliseconds.
+    #[arg(long, default_value_t = 150, value_name = "MS")]
+    debounce_ms: u64,
+    /// One JSON object per indexing run instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: WatchArgs) -> Result<()> {
+    let profiles = args.hermes.profiles_even_missing()?;
+    let index_path = args.hermes.index_path()?;
+    let remembered = Store::open(&index_path)?.model_dir()?;
+    let embedder = args.model.load_or(remembered)?;
+    let options = IndexOptions {
+        selection: args.hermes.selection()?,
+        chunk: args.chunk.params(&embedder),
+        rebuild: false,
+    };
+    let timing = WatchOptions {
+        poll: std::time::Duration::from_millis(args.poll_ms.max(10)),
+        debounce: std::time::Duration::from_millis(args.debounce_ms),
+    };
+    eprintln!(
+        "recall watch: following {} into {} (Ctrl-C to stop)",
+        profiles
+            .iter()
+            .map(|p| p.state_db().display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        index_path.display()
+    );
+    let json = args.json;
+    let (_nudge, nudges) = watch::nudge_channel();
+    watch::watch(
+        &embedder,
+        &index_path,
+        &profiles,
+        &options,
+        timing,
+        &nudges,
+        &AtomicBool::new(false),
+        &move |event| print_event(&event, json),
+    )
+}
+
+/// One line per run that changed something, and every problem.
+pub fn print_event(event: &Event, json: bool) {
+    let now = recall::search::rfc3339(recall::index::unix_now());
+    match event {
+        Event::Indexed(r) if json => {
+            println!("{}", json!({"when": now, "event": "indexed", "report": r}))
+        }
+        Event::Indexed(r) if r.embedded_messages + r.deleted_messages > 0 => println!(
+            "{now} indexed {} new or changed messages, removed {}, in {:.2}s",
+            r.embedded_messages, r.deleted_messages, r.seconds
+        ),
+        Event::Indexed(_) => {}
+        Event::Failed(message) if json => {
+            println!(
+                "{}",
+                json!({"when": now, "event": "failed", "error": message})
+            )
+        }
+        Event::Failed(message) => {
+            eprintln!("{now} cannot index: {message} (retrying on the next change)")
+        }
+        Event::Waiting(paths) => {
+            let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            if json {
+                println!(
+                    "{}",
+                    json!({"when": now, "event": "waiting", "paths": paths})
+                );
+            } else {
+                eprintln!(
+                    "{now} waiting for Hermes: no database at {} yet",
+                    paths.join(", ")
+                );
+            }
+        }
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+}

@@ -1,0 +1,202 @@
+//! `recall watch` (and `recall serve --watch`): follows Hermes's databases
+//! and indexes what changed, so a new message is searchable seconds after
+//! Hermes writes it.
+//!
+//! What is watched is each profile's `state.db` and its `-wal` (Hermes writes
+//! the WAL on every commit) and its `sessions/` directory: file notifications
+//! (the `notify` crate) wake the loop at once, and a poll of the files'
+//! identity, size and modification time every `poll` catches what
+//! notifications miss (network filesystems, a database file replaced by a
+//! new one, a machine that slept). A change is debounced (quiet for
+//! `debounce`, so a burst of writes is one run), then indexed incrementally:
+//! the index's fingerprints find appends, edits and deletions alike. A missing
+//! database is waited for; an error is reported once and retried on the next
+//! change.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Result;
+use notify::{RecursiveMode, Watcher as _};
+
+use crate::embedder::Embedder;
+use crate::index::store::Store;
+use crate::index::{self, IndexOptions, Report};
+use crate::source::hermes::Profile;
+
+#[derive(Debug, Clone, Copy)]
+pub struct WatchOptions {
+    /// How often the files are checked when no notification comes.
+    pub poll: Duration,
+    /// How long the files must stay unchanged before indexing.
+    pub debounce: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        Self {
+            poll: Duration::from_millis(500),
+            debounce: Duration::from_millis(150),
+        }
+    }
+}
+
+/// What a watch run reports after each indexing.
+pub enum Event<'a> {
+    Indexed(&'a Report),
+    /// Indexing failed (the message is given once until it changes).
+    Failed(&'a str),
+    /// No Hermes database at these paths yet.
+    Waiting(&'a [PathBuf]),
+}
+
+/// Wakes a running watch at once (e.g. from the Hermes plugin's nudge).
+#[derive(Clone)]
+pub struct Nudge(Sender<()>);
+
+impl Nudge {
+    pub fn nudge(&self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// The channel a watch listens on for nudges.
+pub fn nudge_channel() -> (Nudge, Receiver<()>) {
+    let (tx, rx) = channel();
+    (Nudge(tx), rx)
+}
+
+/// Identity, length and modification time of each watched file.
+type Signature = Vec<Option<(u64, u64, SystemTime)>>;
+
+fn watched_paths(profiles: &[Profile]) -> Vec<PathBuf> {
+    profiles
+        .iter()
+        .flat_map(|p| {
+            [
+                p.state_db(),
+                p.home.join("state.db-wal"),
+                p.home.join("sessions"),
+            ]
+        })
+        .collect()
+}
+
+fn signature(paths: &[PathBuf]) -> Signature {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            #[cfg(unix)]
+            let inode = std::os::unix::fs::MetadataExt::ino(&m);
+            #[cfg(not(unix))]
+            let inode = 0;
+            Some((inode, m.len(), m.modified().ok()?))
+        })
+        .collect()
+}
+
+/// Indexes `profiles` into the index at `index_path` whenever Hermes writes,
+/// until `stop` is set. `on_event` hears of every run.
+#[allow(clippy::too_many_arguments)]
+pub fn watch(
+    embedder: &Embedder,
+    index_path: &Path,
+    profiles: &[Profile],
+    options: &IndexOptions,
+    watch: WatchOptions,
+    nudges: &Receiver<()>,
+    stop: &AtomicBool,
+    on_event: &dyn Fn(Event),
+) -> Result<()> {
+    let paths = watched_paths(profiles);
+    let (notified_tx, notified) = channel::<()>();
+    // Notifications are a shortcut; the poll below is the guarantee.
+    let _watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+        let _ = notified_tx.send(());
+    })
+    .and_then(|mut w| {
+        for p in profiles {
+            if p.home.is_dir() {
+                w.watch(&p.home, RecursiveMode::NonRecursive)?;
+            }
+        }
+        Ok(w)
+    })
+    .map_err(|e| tracing::debug!("file notifications unavailable ({e}); polling only"))
+    .ok();
+
+    let mut indexed: Option<Signature> = None;
+    let mut last_error: Option<String> = None;
+    let mut waiting_reported = false;
+    let mut nudged = false;
+    while !stop.load(Ordering::Relaxed) {
+        let mut current = signature(&paths);
+        if indexed.as_ref() != Some(&current) || nudged {
+            // Quiet for `debounce` (but never put off for more than a second).
+            let started = Instant::now();
+            loop {
+                std::thread::sleep(watch.debounce);
+                let again = signature(&paths);
+                if again == current || started.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+                current = again;
+            }
+            let missing: Vec<PathBuf> = profiles
+                .iter()
+                .map(|p| p.state_db())
+                .filter(|p| !p.is_file())
+                .collect();
+            if missing.len() == profiles.len() {
+                if !waiting_reported {
+                    on_event(Event::Waiting(&missing));
+                    waiting_reported = true;
+                }
+            } else {
+                waiting_reported = false;
+                let run = Store::open(index_path).and_then(|mut store| {
+                    index::run(embedder, &mut store, profiles, options, &|_, _, _, _| {})
+                });
+                match run {
+                    Ok(report) => {
+                        last_error = None;
+                        on_event(Event::Indexed(&report));
+                    }
+                    Err(e) => {
+                        let message = format!("{e:#}");
+                        if last_error.as_ref() != Some(&message) {
+                            on_event(Event::Failed(&message));
+                            last_error = Some(message);
+                        }
+                    }
+                }
+            }
+            // What was indexed is the state before the run: writes during it
+            // change the signature again and are picked up next time.
+            indexed = Some(current);
+            nudged = false;
+        }
+        let deadline = Instant::now() + watch.poll;
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            let slice = watch.poll.min(Duration::from_millis(100));
+            if notified.recv_timeout(Duration::ZERO).is_ok() {
+                // Drain a burst, then look at the files.
+                while notified.try_recv().is_ok() {}
+                break;
+            }
+            match nudges.recv_timeout(slice) {
+                Ok(()) => {
+                    while nudges.try_recv().is_ok() {}
+                    nudged = true;
+                    break;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(slice),
+            }
+        }
+    }
+    Ok(())
+}

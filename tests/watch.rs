@@ -1,0 +1,159 @@
+//! `recall watch` following a history written by the real Hermes: appends,
+//! edits and deletions are searchable within seconds; a database that
+//! appears later, or is replaced by another file, is followed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Watcher(Child);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_watch(home: &Path) -> Watcher {
+    let model = tiny_model_dir();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args(["watch", "--json", "--hermes-home", home.to_str().unwrap()])
+        .args(["--model", model.to_str().unwrap()])
+        .env_remove("HERMES_HOME")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Drain its output so that it never blocks on a full pipe.
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || for _ in BufReader::new(out).lines() {});
+    Watcher(child)
+}
+
+/// Sessions whose text contains `words` exactly, per the index.
+fn found(home: &Path, words: &str) -> Vec<String> {
+    let (ok, out, err) = recall_cli(&[
+        "search",
+        "--json",
+        "--signals",
+        "keyword",
+        words,
+        "--hermes-home",
+        home.to_str().unwrap(),
+    ]);
+    if !ok {
+        // The index may not exist yet.
+        assert!(err.contains("no index") || err.contains("empty"), "{err}");
+        return Vec::new();
+    }
+    out.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["session_id"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Seconds until `check` holds (panics after `limit`).
+fn until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) -> f64 {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed().as_secs_f64()
+}
+
+const SESSION: &str = "20260601_120000_bb0001";
+
+#[test]
+fn appends_edits_and_deletions_are_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    let _watch = start_watch(&home);
+    until(Duration::from_secs(60), "first index", || {
+        !found(&home, "nginx").is_empty()
+    });
+
+    let mut latencies = Vec::new();
+    for word in ["zebra", "okapi", "narwhal"] {
+        let appended = hermes_db(&["append", home.to_str().unwrap(), SESSION, "user", word]);
+        until(Duration::from_secs(20), "append", || {
+            found(&home, word) == [SESSION]
+        });
+        // From Hermes's commit to the first search that finds it (a search is ~50 ms).
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        latencies.push(now - appended["committed_at"].as_f64().unwrap());
+    }
+    println!("Hermes commit → searchable: {latencies:.2?} s");
+    assert!(latencies.iter().all(|&s| s < 2.0), "{latencies:?}");
+
+    // An edit (Hermes rewrites the session's messages) and a deletion.
+    hermes_db(&[
+        "replace",
+        home.to_str().unwrap(),
+        SESSION,
+        "2",
+        "pelican harmonica",
+    ]);
+    until(Duration::from_secs(20), "edit and deletion", || {
+        found(&home, "pelican harmonica") == [SESSION]
+            && found(&home, "okapi").is_empty()
+            && found(&home, "narwhal").is_empty()
+            && found(&home, "zebra") == [SESSION]
+    });
+}
+
+#[test]
+fn a_database_that_appears_later_or_is_replaced_is_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    std::fs::create_dir_all(&home).unwrap();
+    let _watch = start_watch(&home);
+    std::thread::sleep(Duration::from_millis(800));
+    hermes_db(&["create", home.to_str().unwrap()]);
+    until(
+        Duration::from_secs(60),
+        "database created after start",
+        || !found(&home, "nginx").is_empty(),
+    );
+
+    // Another Hermes database moved over the first (a restore from backup).
+    let other = tmp.path().join("other");
+    hermes_db(&["create", other.to_str().unwrap()]);
+    hermes_db(&[
+        "append",
+        other.to_str().unwrap(),
+        SESSION,
+        "user",
+        "walrus accordion",
+    ]);
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(home.join(format!("state.db{suffix}")));
+    }
+    // Checkpointed into one file, so that the move is one complete database.
+    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").unwrap();
+    let status = Command::new(python)
+        .args([
+            "-c",
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()",
+            other.join("state.db").to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::rename(other.join("state.db"), home.join("state.db")).unwrap();
+    until(Duration::from_secs(20), "replaced database", || {
+        found(&home, "walrus accordion") == [SESSION]
+    });
+}
