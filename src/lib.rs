@@ -8,6 +8,7 @@ pub mod bench;
 pub mod embedder;
 pub mod encoder;
 pub mod heads;
+pub mod hermes_plugin;
 pub mod index;
 pub mod model;
 pub mod score;

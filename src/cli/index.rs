@@ -64,6 +64,17 @@ impl HermesArgs {
             .collect())
     }
 
+    /// The arguments that name one profile of `home`, with the default index and roles.
+    pub fn for_home(home: &std::path::Path, profile: &str) -> Self {
+        Self {
+            hermes_home: Some(home.to_path_buf()),
+            profile: (profile != "default").then(|| profile.to_string()),
+            all_profiles: false,
+            index: None,
+            roles: vec!["user".into(), "assistant".into()],
+        }
+    }
+
     /// The profiles, whether or not Hermes has written their databases yet.
     pub fn profiles_even_missing(&self) -> Result<Vec<Profile>> {
         hermes::profiles(&self.home()?, self.profile.as_deref(), self.all_profiles)
@@ -137,21 +148,38 @@ pub struct IndexArgs {
 }
 
 pub fn run_index(args: IndexArgs) -> Result<()> {
-    let profiles = args.hermes.profiles()?;
-    let selection = args.hermes.selection()?;
-    let index_path = args.hermes.index_path()?;
+    index_with(
+        &args.hermes,
+        &args.model,
+        &args.chunk,
+        args.rebuild,
+        args.json,
+    )
+}
+
+/// `recall index` with these arguments (also the first index of `recall hermes install`).
+pub fn index_with(
+    hermes: &HermesArgs,
+    model: &ModelArgs,
+    chunk: &ChunkArgs,
+    rebuild: bool,
+    json: bool,
+) -> Result<()> {
+    let profiles = hermes.profiles()?;
+    let selection = hermes.selection()?;
+    let index_path = hermes.index_path()?;
     let mut store = Store::open(&index_path)?;
-    let embedder = if args.rebuild {
-        args.model.load()?
+    let embedder = if rebuild {
+        model.load()?
     } else {
-        args.model.load_or(store.model_dir()?)?
+        model.load_or(store.model_dir()?)?
     };
     let options = IndexOptions {
         selection,
-        chunk: args.chunk.params(&embedder),
-        rebuild: args.rebuild,
+        chunk: chunk.params(&embedder),
+        rebuild,
     };
-    let bar = if !args.json && std::io::stderr().is_terminal() {
+    let bar = if !json && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
@@ -178,7 +206,7 @@ pub fn run_index(args: IndexArgs) -> Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    if args.json {
+    if json {
         let mut value = serde_json::to_value(&report)?;
         value["index"] = json!(index_path);
         println!("{value}");

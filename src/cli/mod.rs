@@ -2,6 +2,7 @@
 
 mod bench;
 mod embed;
+mod hermes;
 mod index;
 mod model;
 mod search;
@@ -49,6 +50,9 @@ enum Command {
     Model(model::ModelCommand),
     /// Follow Hermes's database and index each change as it happens.
     Watch(watch::WatchArgs),
+    /// Put recall into Hermes as a plugin (the semantic_session_search tool), take it out, or check it.
+    #[command(subcommand)]
+    Hermes(hermes::HermesCommand),
     /// Serve the model over HTTP to OpenAI, Ollama and TEI clients, plus session search.
     Serve(serve::ServeArgs),
 }
@@ -82,6 +86,16 @@ impl ModelArgs {
 
     pub fn load(&self) -> Result<Embedder> {
         self.load_or(None)
+    }
+
+    /// The directory named by --model or RECALL_MODEL, made absolute.
+    pub fn named_dir(&self) -> Option<PathBuf> {
+        let dir = self.model.clone().or_else(|| {
+            std::env::var_os("RECALL_MODEL")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })?;
+        Some(dir.canonicalize().unwrap_or(dir))
     }
 
     /// A model was named by --model or RECALL_MODEL.
@@ -154,5 +168,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Model(cmd) => model::run(cmd),
         Command::Serve(args) => serve::run(args),
         Command::Watch(args) => watch::run(args),
+        Command::Hermes(cmd) => hermes::run(cmd),
     }
 }

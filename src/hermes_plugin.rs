@@ -1,0 +1,471 @@
+//! `recall hermes install|uninstall|status`: the Hermes plugin (shipped in
+//! `plugin/recall/`, compiled into the binary) put into a Hermes home and
+//! enabled the way Hermes does, and taken out again leaving `config.yaml` as
+//! it was.
+//!
+//! Enabling uses `hermes plugins enable recall` when the `hermes` command is
+//! there (Hermes then rewrites `config.yaml` itself, comments dropped), and
+//! otherwise a line edit of `plugins.enabled` that keeps the user's
+//! comments, order and formatting. Either way the previous `config.yaml` is
+//! kept as `config.yaml.recall-backup`, and uninstall puts it back when
+//! nothing else changed the file since; if something did, it removes only
+//! `recall` from the list.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub const PLUGIN_NAME: &str = "recall";
+const PLUGIN_YAML: &str = include_str!("../plugin/recall/plugin.yaml");
+const PLUGIN_INIT: &str = include_str!("../plugin/recall/__init__.py");
+const STATE_FILE: &str = "install-state.json";
+const BACKUP_SUFFIX: &str = ".recall-backup";
+
+/// What the plugin reads at run time (`recall.json` beside it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PluginSettings {
+    /// The recall binary the plugin runs when no server answers.
+    pub binary: PathBuf,
+    /// `recall serve`'s base URL.
+    pub server: String,
+    pub hermes_home: PathBuf,
+    pub profile: String,
+    /// A model directory to pass as `--model` (None: recall's own default).
+    pub model: Option<PathBuf>,
+}
+
+/// How the plugin was enabled, to undo exactly that.
+#[derive(Debug, Serialize, Deserialize)]
+struct InstallState {
+    method: String,
+    /// The config before install: its backup, or None when install created the file.
+    backup: Option<PathBuf>,
+    /// SHA-256 of config.yaml right after install.
+    config_after: String,
+}
+
+/// The Hermes home of `profile` under `hermes_home` (the default profile is the home itself).
+pub fn profile_home(hermes_home: &Path, profile: &str) -> PathBuf {
+    if profile == "default" {
+        hermes_home.to_path_buf()
+    } else {
+        hermes_home.join("profiles").join(profile)
+    }
+}
+
+pub fn plugin_dir(profile_home: &Path) -> PathBuf {
+    profile_home.join("plugins").join(PLUGIN_NAME)
+}
+
+/// What install did (nothing, the second time).
+#[derive(Debug, Default, Serialize)]
+pub struct InstallReport {
+    pub plugin_dir: PathBuf,
+    pub files_written: Vec<String>,
+    /// `hermes` (the Hermes command) or `edit` (recall's edit of config.yaml); None: already enabled.
+    pub enabled_by: Option<String>,
+    pub backup: Option<PathBuf>,
+}
+
+/// Copies the plugin into `profile_home` and enables it. `hermes_bin` is
+/// the Hermes command to enable it with, when there is one.
+pub fn install(
+    profile_home: &Path,
+    settings: &PluginSettings,
+    hermes_bin: Option<&Path>,
+) -> Result<InstallReport> {
+    if !profile_home.is_dir() {
+        bail!(
+            "no Hermes home at {}: install Hermes first, or pass --hermes-home",
+            profile_home.display()
+        );
+    }
+    let dir = plugin_dir(profile_home);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut report = InstallReport {
+        plugin_dir: dir.clone(),
+        ..Default::default()
+    };
+    let settings_json = serde_json::to_string_pretty(settings)? + "\n";
+    for (name, content) in [
+        ("plugin.yaml", PLUGIN_YAML),
+        ("__init__.py", PLUGIN_INIT),
+        ("recall.json", settings_json.as_str()),
+    ] {
+        let path = dir.join(name);
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(content) {
+            std::fs::write(&path, content)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            report.files_written.push(name.to_string());
+        }
+    }
+
+    let config = profile_home.join("config.yaml");
+    let before = std::fs::read_to_string(&config).ok();
+    if before
+        .as_deref()
+        .is_some_and(|t| enabled_plugins(t).iter().any(|p| p == PLUGIN_NAME))
+    {
+        return Ok(report);
+    }
+    let backup = match &before {
+        Some(text) => {
+            let path = with_suffix(&config, BACKUP_SUFFIX);
+            std::fs::write(&path, text).with_context(|| {
+                format!("cannot back up {} to {}", config.display(), path.display())
+            })?;
+            Some(path)
+        }
+        None => None,
+    };
+    let method = match hermes_bin {
+        Some(hermes) => {
+            let out = std::process::Command::new(hermes)
+                .args(["plugins", "enable", PLUGIN_NAME, "--no-allow-tool-override"])
+                .env("HERMES_HOME", profile_home)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .with_context(|| format!("cannot run {}", hermes.display()))?;
+            let text = std::fs::read_to_string(&config).unwrap_or_default();
+            if !out.status.success() || !enabled_plugins(&text).iter().any(|p| p == PLUGIN_NAME) {
+                bail!(
+                    "`{} plugins enable {PLUGIN_NAME}` did not enable the plugin: {}",
+                    hermes.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            "hermes"
+        }
+        None => {
+            let edited = add_enabled(before.as_deref().unwrap_or(""), PLUGIN_NAME)?;
+            std::fs::write(&config, edited)
+                .with_context(|| format!("cannot write {}", config.display()))?;
+            "edit"
+        }
+    };
+    let after = std::fs::read(&config)?;
+    let state = InstallState {
+        method: method.to_string(),
+        backup: backup.clone(),
+        config_after: sha256(&after),
+    };
+    std::fs::write(dir.join(STATE_FILE), serde_json::to_string_pretty(&state)?)?;
+    report.enabled_by = Some(method.to_string());
+    report.backup = backup;
+    Ok(report)
+}
+
+/// What uninstall did.
+#[derive(Debug, Default, Serialize)]
+pub struct UninstallReport {
+    pub removed_plugin: bool,
+    /// `restored` (config.yaml put back as it was), `removed` (only recall
+    /// taken out of plugins.enabled, the file having changed since), or None.
+    pub config: Option<String>,
+}
+
+/// Disables and removes the plugin from `profile_home`.
+pub fn uninstall(profile_home: &Path) -> Result<UninstallReport> {
+    let dir = plugin_dir(profile_home);
+    let config = profile_home.join("config.yaml");
+    let mut report = UninstallReport::default();
+    let state: Option<InstallState> = std::fs::read_to_string(dir.join(STATE_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let current = std::fs::read(&config).ok();
+    match (&state, &current) {
+        (Some(state), Some(now)) if sha256(now) == state.config_after => {
+            match &state.backup {
+                Some(backup) => std::fs::copy(backup, &config)
+                    .map(|_| ())
+                    .with_context(|| format!("cannot restore {}", config.display()))?,
+                None => std::fs::remove_file(&config)?,
+            }
+            report.config = Some("restored".into());
+        }
+        (_, Some(now)) => {
+            let text = String::from_utf8_lossy(now);
+            if enabled_plugins(&text).iter().any(|p| p == PLUGIN_NAME) {
+                std::fs::write(&config, remove_enabled(&text, PLUGIN_NAME))?;
+                report.config = Some("removed".into());
+            }
+        }
+        _ => {}
+    }
+    if let Some(backup) = state.as_ref().and_then(|s| s.backup.as_ref()) {
+        let _ = std::fs::remove_file(backup);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("cannot remove {}", dir.display()))?;
+        report.removed_plugin = true;
+    }
+    Ok(report)
+}
+
+/// Is the plugin installed (this version's files) and enabled in `profile_home`?
+pub fn installed(profile_home: &Path) -> (bool, bool, bool) {
+    let dir = plugin_dir(profile_home);
+    let present = dir.join("__init__.py").is_file();
+    let current = std::fs::read_to_string(dir.join("__init__.py"))
+        .ok()
+        .as_deref()
+        == Some(PLUGIN_INIT);
+    let enabled = std::fs::read_to_string(profile_home.join("config.yaml"))
+        .map(|t| enabled_plugins(&t).iter().any(|p| p == PLUGIN_NAME))
+        .unwrap_or(false);
+    (present, current, enabled)
+}
+
+pub fn read_settings(profile_home: &Path) -> Option<PluginSettings> {
+    let text = std::fs::read_to_string(plugin_dir(profile_home).join("recall.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+// ---- plugins.enabled in config.yaml, edited as lines -------------------
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+fn is_blank_or_comment(line: &str) -> bool {
+    let t = line.trim_start();
+    t.is_empty() || t.starts_with('#')
+}
+
+/// The value part of `key: value  # comment`, and the comment (with its spaces).
+fn split_comment(value: &str) -> (&str, &str) {
+    match value.find(" #") {
+        Some(at) => (value[..at].trim_end(), &value[at..]),
+        None => (value.trim_end(), ""),
+    }
+}
+
+fn unquote(s: &str) -> String {
+    s.trim().trim_matches(|c| c == '"' || c == '\'').to_string()
+}
+
+/// Where `plugins.enabled` is: (line of `plugins:`, end of its block, line of `enabled:` if any).
+fn locate(lines: &[&str]) -> Option<(usize, usize, Option<usize>)> {
+    let start = lines.iter().position(|l| {
+        l.starts_with("plugins:") && split_comment(&l["plugins:".len()..]).0.is_empty()
+    })?;
+    let mut end = start + 1;
+    while end < lines.len() && (is_blank_or_comment(lines[end]) || indent(lines[end]) > 0) {
+        end += 1;
+    }
+    let child = lines[start + 1..end]
+        .iter()
+        .find(|l| !is_blank_or_comment(l))
+        .map(|l| indent(l));
+    let enabled = child.and_then(|ci| {
+        (start + 1..end)
+            .find(|&i| indent(lines[i]) == ci && lines[i].trim_start().starts_with("enabled:"))
+    });
+    Some((start, end, enabled))
+}
+
+/// Lines of the block list under `enabled:` at `at` (items may sit at the key's indent).
+fn block_items(lines: &[&str], at: usize, end: usize) -> Vec<usize> {
+    let key_indent = indent(lines[at]);
+    let mut items = Vec::new();
+    for (i, line) in lines.iter().enumerate().take(end).skip(at + 1) {
+        if is_blank_or_comment(line) {
+            continue;
+        }
+        if indent(line) >= key_indent && line.trim_start().starts_with("- ") {
+            items.push(i);
+        } else {
+            break;
+        }
+    }
+    items
+}
+
+/// The names in `plugins.enabled`.
+pub fn enabled_plugins(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some((_, end, Some(at))) = locate(&lines) else {
+        return Vec::new();
+    };
+    let value = split_comment(lines[at].trim_start()["enabled:".len()..].trim()).0;
+    if let Some(inner) = value.strip_prefix('[') {
+        return inner
+            .trim_end_matches(']')
+            .split(',')
+            .map(unquote)
+            .filter(|s| !s.is_empty())
+            .collect();
+    }
+    block_items(&lines, at, end)
+        .into_iter()
+        .map(|i| unquote(split_comment(&lines[i].trim_start()[2..]).0))
+        .collect()
+}
+
+fn join(lines: &[String], original: &str) -> String {
+    let mut out = lines.join("\n");
+    if original.ends_with('\n') || original.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` with `name` added to `plugins.enabled`, everything else untouched.
+pub fn add_enabled(text: &str, name: &str) -> Result<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    match locate(&lines) {
+        None => {
+            if lines.iter().any(|l| l.starts_with("plugins:")) {
+                bail!(
+                    "config.yaml writes `plugins:` on one line, which recall does not edit: \
+                     add {name} to plugins.enabled by hand (or install with the `hermes` command on PATH)"
+                );
+            }
+            if out.last().is_some_and(|l| !l.trim().is_empty()) {
+                out.push(String::new());
+            }
+            out.extend([
+                "plugins:".into(),
+                "  enabled:".into(),
+                format!("    - {name}"),
+            ]);
+        }
+        Some((start, end, None)) => {
+            let ci = lines[start + 1..end]
+                .iter()
+                .find(|l| !is_blank_or_comment(l))
+                .map_or(2, |l| indent(l));
+            let pad = " ".repeat(ci);
+            out.insert(start + 1, format!("{pad}enabled:"));
+            out.insert(start + 2, format!("{pad}  - {name}"));
+        }
+        Some((_, end, Some(at))) => {
+            let line = lines[at];
+            let key_end = indent(line) + "enabled:".len();
+            let (value, comment) = split_comment(line[key_end..].trim_start());
+            if let Some(inner) = value.strip_prefix('[') {
+                let inner = inner.trim_end_matches(']').trim();
+                let list = if inner.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{inner}, {name}")
+                };
+                out[at] = format!("{}enabled: [{list}]{comment}", &line[..indent(line)]);
+            } else {
+                let items = block_items(&lines, at, end);
+                let (after, pad) = match items.last() {
+                    Some(&last) => (last, " ".repeat(indent(lines[last]))),
+                    None => (at, " ".repeat(indent(line) + 2)),
+                };
+                if items.is_empty() && !value.is_empty() {
+                    // `enabled: null` or `enabled: ~`: the list replaces the value.
+                    out[at] = format!("{}enabled:{comment}", &line[..indent(line)]);
+                }
+                out.insert(after + 1, format!("{pad}- {name}"));
+            }
+        }
+    }
+    Ok(join(&out, text))
+}
+
+/// `text` with `name` taken out of `plugins.enabled`.
+pub fn remove_enabled(text: &str, name: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    let Some((_, end, Some(at))) = locate(&lines) else {
+        return text.to_string();
+    };
+    let line = lines[at];
+    let key_end = indent(line) + "enabled:".len();
+    let (value, comment) = split_comment(line[key_end..].trim_start());
+    if let Some(inner) = value.strip_prefix('[') {
+        let kept: Vec<&str> = inner
+            .trim_end_matches(']')
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && unquote(s) != name)
+            .collect();
+        out[at] = format!(
+            "{}enabled: [{}]{comment}",
+            &line[..indent(line)],
+            kept.join(", ")
+        );
+    } else if let Some(i) = block_items(&lines, at, end)
+        .into_iter()
+        .find(|&i| unquote(split_comment(&lines[i].trim_start()[2..]).0) == name)
+    {
+        out.remove(i);
+    }
+    join(&out, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const USER: &str = "# my Hermes\nmodel:\n  default: x   # keep me\nplugins:\n  # mine\n  enabled:\n  - other   # first\n  disabled: []\nterminal:\n  backend: local\n";
+
+    #[test]
+    fn block_list_keeps_comments_and_order() {
+        let added = add_enabled(USER, "recall").unwrap();
+        assert_eq!(enabled_plugins(&added), ["other", "recall"]);
+        assert!(
+            added.contains("# my Hermes")
+                && added.contains("# keep me")
+                && added.contains("# first")
+        );
+        assert_eq!(remove_enabled(&added, "recall"), USER);
+    }
+
+    #[test]
+    fn flow_lists_missing_keys_and_missing_files() {
+        let flow = "plugins:\n  enabled: [a, 'b']  # note\n";
+        let added = add_enabled(flow, "recall").unwrap();
+        assert_eq!(added, "plugins:\n  enabled: [a, 'b', recall]  # note\n");
+        assert_eq!(enabled_plugins(&added), ["a", "b", "recall"]);
+        assert_eq!(remove_enabled(&added, "recall"), flow);
+
+        let empty = add_enabled("plugins:\n  enabled: []\n", "recall").unwrap();
+        assert_eq!(enabled_plugins(&empty), ["recall"]);
+
+        let no_key = "plugins:\n    disabled: [x]\nother: 1\n";
+        let added = add_enabled(no_key, "recall").unwrap();
+        assert_eq!(
+            added,
+            "plugins:\n    enabled:\n      - recall\n    disabled: [x]\nother: 1\n"
+        );
+        assert_eq!(enabled_plugins(&added), ["recall"]);
+
+        let none = add_enabled("model:\n  default: x\n", "recall").unwrap();
+        assert_eq!(
+            none,
+            "model:\n  default: x\n\nplugins:\n  enabled:\n    - recall\n"
+        );
+        assert_eq!(
+            enabled_plugins(&add_enabled("", "recall").unwrap()),
+            ["recall"]
+        );
+
+        let null = add_enabled("plugins:\n  enabled: ~\n", "recall").unwrap();
+        assert_eq!(enabled_plugins(&null), ["recall"]);
+
+        assert!(add_enabled("plugins: {enabled: [a]}\n", "recall").is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! `recall hermes install|uninstall|status` with the real hermes-agent
+//! 0.19.0 and the real all-MiniLM-L6-v2: Hermes's own plugin loader finds the plugin, its tool answers
+//! through Hermes's own dispatch (via `recall serve` and via the binary), the
+//! hook runs; a second install changes nothing; uninstall leaves
+//! config.yaml byte for byte as it was.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+const CONFIG: &str = "# my Hermes settings\nmodel:\n  default: anthropic/claude-sonnet-4   # the good one\nplugins:\n  # what I enabled myself\n  enabled:\n  - other-plugin\n";
+const QUERY: &str = "nginx config error";
+const EXPECTED: &str = "20260302_090000_aa0002";
+
+fn history() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    std::fs::write(home.join("config.yaml"), CONFIG).unwrap();
+    (tmp, home)
+}
+
+fn hermes_python() -> String {
+    std::env::var("RECALL_TEST_HERMES_PYTHON")
+        .expect("RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh")
+}
+
+/// Hermes's loader and dispatch on `home` (tests/hermes/plugin_check.py).
+fn hermes_sees(home: &Path) -> Value {
+    let out = Command::new(hermes_python())
+        .arg(repo_root().join("tests/hermes/plugin_check.py"))
+        .args([home.to_str().unwrap(), QUERY])
+        .env_remove("RECALL_API_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "plugin_check.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .rfind(|l| l.starts_with(b"{"))
+        .unwrap();
+    serde_json::from_slice(line).unwrap()
+}
+
+fn install(home: &Path, extra: &[&str]) -> String {
+    let model = minilm_dir();
+    let mut args = vec![
+        "hermes",
+        "install",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = recall_cli(&args);
+    assert!(ok, "install: {err}");
+    out
+}
+
+fn uninstall(home: &Path) -> String {
+    let (ok, out, err) = recall_cli(&[
+        "hermes",
+        "uninstall",
+        "--hermes-home",
+        home.to_str().unwrap(),
+    ]);
+    assert!(ok, "uninstall: {err}");
+    out
+}
+
+/// Every file under `dir` with its bytes and modification time.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let meta = std::fs::metadata(&path).unwrap();
+        if meta.is_file() {
+            out.push((
+                path.clone(),
+                std::fs::read(&path).unwrap(),
+                meta.modified().unwrap(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn assert_tool_answers(seen: &Value, via: &str) {
+    assert_eq!(seen["loaded"], true, "{seen}");
+    assert_eq!(seen["registered"], true);
+    assert_eq!(seen["toolset"], "session_search");
+    assert_eq!(seen["offered"], true);
+    let result = &seen["result"];
+    assert_eq!(result["success"], true, "{result}");
+    assert_eq!(result["via"], via);
+    let first = &result["results"][0];
+    assert_eq!(first["session_id"], EXPECTED, "{result}");
+    assert_eq!(first["link"], format!("@session:default/{EXPECTED}"));
+    assert!(first["match_message_id"].is_i64());
+    assert_eq!(seen["no_query"]["success"], false);
+    assert!(
+        seen["no_query"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("query")
+    );
+    assert_eq!(seen["bad_limit"]["success"], false);
+    assert_eq!(seen["hook_ran"], true);
+}
+
+#[test]
+fn install_by_edit_then_uninstall_leaves_config_as_it_was() {
+    let (_tmp, home) = history();
+    // No `hermes` command: recall edits config.yaml itself.
+    let out = install(
+        &home,
+        &["--no-hermes-command", "--server", "http://127.0.0.1:9"],
+    );
+    assert!(out.contains("enabled it in"), "{out}");
+    let config = std::fs::read_to_string(home.join("config.yaml")).unwrap();
+    assert!(config.starts_with("# my Hermes settings\n"), "{config}");
+    assert!(
+        config.contains("# the good one") && config.contains("  - other-plugin\n  - recall\n"),
+        "{config}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("config.yaml.recall-backup")).unwrap(),
+        CONFIG
+    );
+
+    // No server answers at that URL: the tool runs the binary.
+    assert_tool_answers(&hermes_sees(&home), "recall binary");
+
+    // A second install changes nothing.
+    let plugin = home.join("plugins/recall");
+    let (files, config_before) = (
+        snapshot(&plugin),
+        std::fs::read(home.join("config.yaml")).unwrap(),
+    );
+    let out = install(
+        &home,
+        &["--no-hermes-command", "--server", "http://127.0.0.1:9"],
+    );
+    assert!(out.contains("already installed"), "{out}");
+    assert_eq!(snapshot(&plugin), files);
+    assert_eq!(
+        std::fs::read(home.join("config.yaml")).unwrap(),
+        config_before
+    );
+
+    let out = uninstall(&home);
+    assert!(out.contains("back as it was"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(home.join("config.yaml")).unwrap(),
+        CONFIG
+    );
+    assert!(!plugin.exists() && !home.join("config.yaml.recall-backup").exists());
+    let seen = hermes_sees(&home);
+    assert_eq!(seen["registered"], false, "{seen}");
+    assert_eq!(seen["offered"], false);
+}
+
+#[test]
+fn install_with_the_hermes_command_and_a_running_server() {
+    let (_tmp, home) = history();
+    let hermes = Path::new(&hermes_python()).with_file_name("hermes");
+    assert!(
+        hermes.is_file(),
+        "no hermes command at {}",
+        hermes.display()
+    );
+    install(
+        &home,
+        &["--hermes-bin", hermes.to_str().unwrap(), "--no-index"],
+    );
+    assert!(
+        std::fs::read_to_string(home.join("config.yaml"))
+            .unwrap()
+            .contains("- recall"),
+        "hermes plugins enable did not list recall"
+    );
+
+    // `recall serve` on a free port: the plugin's fast path.
+    let model = minilm_dir();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--watch",
+            "--hermes-home",
+            home.to_str().unwrap(),
+        ])
+        .args(["--model", model.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    install(
+        &home,
+        &["--hermes-bin", hermes.to_str().unwrap(), "--server", &url],
+    );
+    let seen = hermes_sees(&home);
+    // The watcher may still be indexing the history when the first search comes.
+    let seen = if seen["result"]["results"]
+        .as_array()
+        .is_some_and(|r| r.is_empty())
+    {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        hermes_sees(&home)
+    } else {
+        seen
+    };
+    assert_tool_answers(&seen, "recall serve");
+
+    let (ok, status, err) =
+        recall_cli(&["hermes", "status", "--hermes-home", home.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(status.contains("enabled:  yes"), "{status}");
+    assert!(status.contains("watcher running"), "{status}");
+    assert!(status.contains("(0 messages not indexed yet)"), "{status}");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    uninstall(&home);
+    assert_eq!(
+        std::fs::read_to_string(home.join("config.yaml")).unwrap(),
+        CONFIG
+    );
+    let (ok, status, _) =
+        recall_cli(&["hermes", "status", "--hermes-home", home.to_str().unwrap()]);
+    assert!(ok && status.contains("not installed"), "{status}");
+}
+
+#[test]
+fn service_file_runs_serve_with_watch() {
+    let (tmp, home) = history();
+    let config_home = tmp.path().join("xdg");
+    let model = minilm_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args([
+            "hermes",
+            "install",
+            "--no-index",
+            "--no-hermes-command",
+            "--service",
+        ])
+        .args([
+            "--hermes-home",
+            home.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+        ])
+        .env("XDG_CONFIG_HOME", &config_home)
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unit = config_home.join("systemd/user/recall-watch.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(text.contains(" serve --watch --hermes-home "), "{text}");
+    assert!(text.contains("--model "), "{text}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("systemctl --user"));
+    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args([
+            "hermes",
+            "uninstall",
+            "--hermes-home",
+            home.to_str().unwrap(),
+        ])
+        .env("XDG_CONFIG_HOME", &config_home)
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!unit.exists());
+}
