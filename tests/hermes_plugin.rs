@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -192,30 +191,11 @@ fn install_with_the_hermes_command_and_a_running_server() {
     );
 
     // `recall serve` on a free port: the plugin's fast path.
-    let model = minilm_dir();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--watch",
-            "--hermes-home",
-            home.to_str().unwrap(),
-        ])
-        .args(["--model", model.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
+    let server = Server::start(
+        &minilm_dir(),
+        &["--watch", "--hermes-home", home.to_str().unwrap()],
+    );
+    let url = server.base.clone();
     install(
         &home,
         &["--hermes-bin", hermes.to_str().unwrap(), "--server", &url],
@@ -239,8 +219,7 @@ fn install_with_the_hermes_command_and_a_running_server() {
     assert!(status.contains("enabled:  yes"), "{status}");
     assert!(status.contains("watcher running"), "{status}");
     assert!(status.contains("(0 messages not indexed yet)"), "{status}");
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 
     uninstall(&home);
     assert_eq!(

@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -18,40 +17,12 @@ const TEXTS: &[&str] = &[
     "nginx -t: unexpected end of file 🚀",
 ];
 
-struct Server {
-    child: Child,
-    base: String,
+trait Stop {
+    /// SIGTERM, then the exit status and standard error.
+    fn stop(self) -> (std::process::ExitStatus, String);
 }
 
-impl Server {
-    fn start(extra: &[&str]) -> Self {
-        let model = tiny_model_dir();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
-            .args(["serve", "--port", "0", "--model", model.to_str().unwrap()])
-            .args(extra)
-            .env_remove("RECALL_API_KEY")
-            .env_remove("HERMES_HOME")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Self { child, base }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// SIGTERM, then the exit status and standard error.
+impl Stop for Server {
     fn stop(mut self) -> (std::process::ExitStatus, String) {
         terminate(&self.child);
         let status = self.child.wait().unwrap();
@@ -61,11 +32,8 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start(extra: &[&str]) -> Server {
+    Server::start(&tiny_model_dir(), extra)
 }
 
 fn terminate(child: &Child) {
@@ -158,7 +126,7 @@ fn real_clients_get_recall_embeds_vectors() {
          installs the client libraries into a venv (scripts/clients_venv.sh)",
     );
     let want: Vec<Vec<f32>> = reference().iter().map(|r| floats(&r["dense"])).collect();
-    let server = Server::start(&[]);
+    let server = start(&[]);
     let out = Command::new(python)
         .arg(repo_root().join("tests/clients/clients.py"))
         .arg(&server.base)
@@ -211,7 +179,7 @@ fn real_clients_get_recall_embeds_vectors() {
 #[test]
 fn tei_routes_give_sparse_weights_and_colbert_vectors() {
     let reference = reference();
-    let server = Server::start(&[]);
+    let server = start(&[]);
     let (status, dense, _) = post(&server.url("/embed"), &json!({"inputs": TEXTS}));
     assert_eq!(status, 200);
     let want: Vec<Vec<f32>> = reference.iter().map(|r| floats(&r["dense"])).collect();
@@ -248,7 +216,7 @@ fn token_ids_and_text_give_the_same_vector() {
     let cache = tempfile::tempdir().unwrap();
     let embedder = load(&model, cache.path()).unwrap();
     let ids: Vec<u32> = embedder.tokenize(&[TEXTS[0]]).unwrap()[0].ids.clone();
-    let server = Server::start(&[]);
+    let server = start(&[]);
     let (_, text, _) = post(&server.url("/v1/embeddings"), &json!({"input": TEXTS[0]}));
     let (status, by_ids, _) = post(&server.url("/v1/embeddings"), &json!({"input": [ids]}));
     assert_eq!(status, 200, "{by_ids}");
@@ -263,7 +231,7 @@ fn token_ids_and_text_give_the_same_vector() {
 
 #[test]
 fn bad_requests_get_clear_errors_in_the_clients_shape() {
-    let server = Server::start(&["--max-items", "3", "--max-body-bytes", "4000"]);
+    let server = start(&["--max-items", "3", "--max-body-bytes", "4000"]);
     let openai = server.url("/v1/embeddings");
     let ollama = server.url("/api/embed");
     let long = "word ".repeat(400);
@@ -355,7 +323,7 @@ fn api_key_is_required_off_loopback_and_checked() {
     assert!(!ok);
     assert!(err.contains("--api-key"), "{err}");
 
-    let server = Server::start(&["--api-key", "s3cret"]);
+    let server = start(&["--api-key", "s3cret"]);
     let url = server.url("/v1/embeddings");
     let body = json!({"input": "x"});
     assert_eq!(post_with(&url, &body, None).0, 401);
@@ -374,7 +342,7 @@ fn heavy() -> Value {
 
 #[test]
 fn a_full_queue_answers_503_and_too_many_requests_429() {
-    let server = Server::start(&["--max-queue", "100", "--max-batch-tokens", "2048"]);
+    let server = start(&["--max-queue", "100", "--max-batch-tokens", "2048"]);
     let url = server.url("/v1/embeddings");
     std::thread::scope(|s| {
         let busy = s.spawn(|| post(&url, &heavy()).0);
@@ -392,7 +360,7 @@ fn a_full_queue_answers_503_and_too_many_requests_429() {
     });
     drop(server);
 
-    let server = Server::start(&[
+    let server = start(&[
         "--max-concurrent-requests",
         "1",
         "--max-batch-tokens",
@@ -419,7 +387,7 @@ fn metric(text: &str, name: &str) -> f64 {
 
 #[test]
 fn concurrent_requests_share_forward_passes_and_short_ones_wait_little() {
-    let server = Server::start(&["--max-batch-tokens", "4096"]);
+    let server = start(&["--max-batch-tokens", "4096"]);
     let url = server.url("/v1/embeddings");
     let passes = || metric(&get(&server.url("/metrics")).1, "recall_batch_inputs_count");
     std::thread::scope(|s| {
@@ -462,7 +430,7 @@ fn concurrent_requests_share_forward_passes_and_short_ones_wait_little() {
 
 #[test]
 fn sigterm_finishes_the_requests_in_flight() {
-    let server = Server::start(&["--max-batch-tokens", "2048"]);
+    let server = start(&["--max-batch-tokens", "2048"]);
     let url = server.url("/v1/embeddings");
     std::thread::scope(|s| {
         let busy = s.spawn(|| post(&url, &heavy()));
@@ -507,7 +475,7 @@ fn info_health_tags_and_search() {
         .collect();
     assert!(!want.is_empty());
 
-    let server = Server::start(&["--hermes-home", home.to_str().unwrap()]);
+    let server = start(&["--hermes-home", home.to_str().unwrap()]);
     let (status, found, _) = post(
         &server.url("/search"),
         &json!({"query": query, "min_score": -1.0}),

@@ -121,3 +121,46 @@ pub fn recall_cli(args: &[&str]) -> (bool, String, String) {
         stderr,
     )
 }
+
+/// A running `recall serve --port 0 --model MODEL EXTRA...` and its base URL
+/// (read from its first line); killed when dropped.
+pub struct Server {
+    pub child: std::process::Child,
+    pub base: String,
+}
+
+impl Server {
+    pub fn start(model: &Path, extra: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
+            .args(["serve", "--port", "0", "--model", model.to_str().unwrap()])
+            .args(extra)
+            .env_remove("RECALL_API_KEY")
+            .env_remove("HERMES_HOME")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Self { child, base }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
