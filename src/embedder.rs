@@ -231,6 +231,17 @@ impl Embedder {
     /// sorted by length and packed into forward passes of at most the batch
     /// token budget (a longer single input gets a pass of its own).
     pub fn embed_tokens(&self, inputs: &[Tokens], outputs: Outputs) -> Result<Vec<Embedding>> {
+        self.embed_tokens_with(inputs, outputs, &|| {})
+    }
+
+    /// `embed_tokens`, calling `between_layers` before each encoder layer
+    /// (`recall serve` pauses bulk work there while queries wait).
+    pub fn embed_tokens_with(
+        &self,
+        inputs: &[Tokens],
+        outputs: Outputs,
+        between_layers: &dyn Fn(),
+    ) -> Result<Vec<Embedding>> {
         self.check_outputs(outputs)?;
         let mut order: Vec<usize> = (0..inputs.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(inputs[i].ids.len()));
@@ -246,9 +257,10 @@ impl Embedder {
                 end += 1;
             }
             let batch: Vec<&Tokens> = order[start..end].iter().map(|&i| &inputs[i]).collect();
-            for (slot, embedding) in order[start..end]
-                .iter()
-                .zip(self.embed_batch(&batch, outputs)?)
+            for (slot, embedding) in
+                order[start..end]
+                    .iter()
+                    .zip(self.embed_batch(&batch, outputs, between_layers)?)
             {
                 results[*slot] = embedding;
             }
@@ -257,13 +269,18 @@ impl Embedder {
         Ok(results)
     }
 
-    fn embed_batch(&self, batch: &[&Tokens], outputs: Outputs) -> Result<Vec<Embedding>> {
+    fn embed_batch(
+        &self,
+        batch: &[&Tokens],
+        outputs: Outputs,
+        between_layers: &dyn Fn(),
+    ) -> Result<Vec<Embedding>> {
         let ids: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
         let lens: Vec<usize> = ids.iter().map(|i| i.len()).collect();
         if let Some(empty) = lens.iter().position(|&n| n == 0) {
             bail!("input {empty} of the batch has no tokens");
         }
-        let hidden = self.encoder.forward(&ids)?;
+        let hidden = self.encoder.forward_with(&ids, between_layers)?;
         let mut out: Vec<Embedding> = batch
             .iter()
             .map(|t| Embedding {

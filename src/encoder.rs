@@ -124,6 +124,12 @@ impl Encoder {
     /// and returns the last hidden states of all of them, packed in order:
     /// `[sum of lengths, hidden]`.
     pub fn forward(&self, inputs: &[&[u32]]) -> Result<Tensor> {
+        self.forward_with(inputs, &|| {})
+    }
+
+    /// `forward`, calling `between_layers` before each layer: a serving loop
+    /// uses it to let more urgent work run first.
+    pub fn forward_with(&self, inputs: &[&[u32]], between_layers: &dyn Fn()) -> Result<Tensor> {
         let c = &self.config;
         let lens: Vec<usize> = inputs.iter().map(|ids| ids.len()).collect();
         let total: usize = lens.iter().sum();
@@ -153,6 +159,7 @@ impl Encoder {
             .broadcast_add(&self.token_type_row)?;
         let mut hidden = self.embed_norm.forward(&embedded)?;
         for (i, layer) in self.layers.iter().enumerate() {
+            between_layers();
             hidden = self
                 .layer_forward(layer, &hidden, &lens)
                 .with_context(|| format!("encoder layer {i}"))?;

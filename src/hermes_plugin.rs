@@ -251,7 +251,10 @@ fn is_blank_or_comment(line: &str) -> bool {
 /// The value part of `key: value  # comment`, and the comment (with its spaces).
 fn split_comment(value: &str) -> (&str, &str) {
     match value.find(" #") {
-        Some(at) => (value[..at].trim_end(), &value[at..]),
+        Some(at) => {
+            let end = value[..at].trim_end().len();
+            (&value[..end], &value[end..])
+        }
         None => (value.trim_end(), ""),
     }
 }
@@ -467,5 +470,17 @@ mod tests {
         assert_eq!(enabled_plugins(&null), ["recall"]);
 
         assert!(add_enabled("plugins: {enabled: [a]}\n", "recall").is_err());
+    }
+
+    #[test]
+    fn anchors_aliases_and_neighbouring_keys_are_left_alone() {
+        let text = "defaults: &defaults\n  timeout: 30\nplugins:\n  <<: *defaults\n  enabled: &mine\n    - a\n  entries:\n    a: {settings: {x: 1}}\nother: *mine\n";
+        let added = add_enabled(text, "recall").unwrap();
+        assert_eq!(
+            added,
+            "defaults: &defaults\n  timeout: 30\nplugins:\n  <<: *defaults\n  enabled: &mine\n    - a\n    - recall\n  entries:\n    a: {settings: {x: 1}}\nother: *mine\n"
+        );
+        assert_eq!(enabled_plugins(&added), ["a", "recall"]);
+        assert_eq!(remove_enabled(&added, "recall"), text);
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use notify::{RecursiveMode, Watcher as _};
 
 use crate::embedder::Embedder;
@@ -68,6 +68,45 @@ pub fn nudge_channel() -> (Nudge, Receiver<()>) {
     (Nudge(tx), rx)
 }
 
+/// The file whose lock says a watcher follows the index at `index_path`.
+pub fn lock_path(index_path: &Path) -> PathBuf {
+    let mut p = index_path.as_os_str().to_owned();
+    p.push(".watch");
+    PathBuf::from(p)
+}
+
+/// One watcher per index: two would index the same changes twice over.
+fn claim(index_path: &Path) -> Result<std::fs::File> {
+    if let Some(dir) = index_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let path = lock_path(index_path);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    if file.try_lock().is_err() {
+        let mut pid = String::new();
+        let _ = std::io::Read::read_to_string(&mut file, &mut pid);
+        bail!(
+            "another recall watch (or recall serve --watch, pid {}) already follows {}",
+            pid.trim(),
+            index_path.display()
+        );
+    }
+    file.set_len(0)?;
+    std::io::Write::write_all(&mut file, std::process::id().to_string().as_bytes())?;
+    Ok(file)
+}
+
+/// Whether a watcher follows the index at `index_path` now.
+pub fn is_watched(index_path: &Path) -> bool {
+    std::fs::File::open(lock_path(index_path)).is_ok_and(|f| f.try_lock().is_err())
+}
+
 /// Identity, length and modification time of each watched file.
 type Signature = Vec<Option<(u64, u64, SystemTime)>>;
 
@@ -111,6 +150,7 @@ pub fn watch(
     stop: &AtomicBool,
     on_event: &dyn Fn(Event),
 ) -> Result<()> {
+    let _running = claim(index_path)?;
     let paths = watched_paths(profiles);
     let (notified_tx, notified) = channel::<()>();
     // Notifications are a shortcut; the poll below is the guarantee.

@@ -218,6 +218,7 @@ fn install_with_the_hermes_command_and_a_running_server() {
     assert!(ok, "{err}");
     assert!(status.contains("enabled:  yes"), "{status}");
     assert!(status.contains("watcher running"), "{status}");
+    assert!(status.contains("watcher:  running"), "{status}");
     assert!(status.contains("(0 messages not indexed yet)"), "{status}");
     drop(server);
 

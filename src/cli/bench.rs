@@ -40,6 +40,181 @@ pub struct BenchArgs {
     /// Where --search writes its temporary indexes (about 4.2 KB per chunk at 1024 dims).
     #[arg(long, value_name = "DIR")]
     dir: Option<std::path::PathBuf>,
+    /// Benchmark `recall serve`: throughput under concurrent load beside the same model
+    /// in-process, and a 16-token query's latency idle and under that load.
+    #[arg(long, conflicts_with = "search")]
+    serve: bool,
+    /// Concurrent clients for --serve, each sending one input per request.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Tokens per input for --serve's load.
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    /// Seconds of load for --serve.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+}
+
+/// p50 of `ms`, sorted in place.
+fn median(ms: &mut [f64]) -> f64 {
+    ms.sort_by(f64::total_cmp);
+    ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn run_serve(args: &BenchArgs) -> Result<()> {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+
+    let embedder = args.model.load()?;
+    let info = embedder.info().clone();
+    let load = bench::synthetic_inputs(
+        &embedder,
+        Shape {
+            batch: args.clients * 4,
+            tokens: args.tokens,
+        },
+    )?;
+    let query = bench::synthetic_inputs(
+        &embedder,
+        Shape {
+            batch: 1,
+            tokens: 16,
+        },
+    )?;
+
+    // In-process: the passes the server can form at best, one input from
+    // each client, for about half the time.
+    let passes: Vec<&[recall::tokenize::Tokens]> = load.chunks(args.clients.max(1)).collect();
+    embedder.embed_tokens(passes[0], Outputs::DENSE)?;
+    let (started, mut tokens) = (Instant::now(), 0usize);
+    for pass in passes.iter().cycle() {
+        if started.elapsed() >= Duration::from_secs(args.seconds / 2).max(Duration::from_secs(1)) {
+            break;
+        }
+        embedder.embed_tokens(pass, Outputs::DENSE)?;
+        tokens += pass.len() * args.tokens;
+    }
+    let in_process = tokens as f64 / started.elapsed().as_secs_f64();
+    let mut idle_in_process: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            embedder
+                .embed_tokens(&query, Outputs::DENSE)
+                .map(|_| t.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect::<Result<_>>()?;
+    drop(embedder);
+
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["serve", "--port", "0", "--model"])
+        .arg(&info.dir)
+        .args(["--max-batch-tokens", &args.model.batch_tokens().to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
+    let result = (|| -> Result<()> {
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .ok_or_else(|| anyhow::anyhow!("recall serve did not start: {line:?}"))?
+            .to_string();
+        let url = format!("{base}/v1/embeddings");
+        let agent = ureq::Agent::new_with_defaults();
+        let post = |ids: &[u32]| -> Result<f64> {
+            let t = Instant::now();
+            // A sized body: ureq streams `send_json` chunked, which costs a round trip.
+            let body = serde_json::json!({"input": [ids]}).to_string();
+            let mut r = agent
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .send(&body)?;
+            r.body_mut().read_to_string()?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        };
+        post(&query[0].ids)?;
+        let mut idle: Vec<f64> = (0..7).map(|_| post(&query[0].ids)).collect::<Result<_>>()?;
+        // Saturating load from `clients` threads until `deadline`; meanwhile
+        // `probe` runs (and returns its own measurements).
+        let load_for = |seconds: u64, probe: &(dyn Fn() -> Result<Vec<f64>> + Sync)| {
+            let deadline = Instant::now() + Duration::from_secs(seconds);
+            std::thread::scope(|s| -> Result<(f64, Vec<f64>)> {
+                let workers: Vec<_> = (0..args.clients)
+                    .map(|c| {
+                        let (post, load) = (&post, &load);
+                        s.spawn(move || -> Result<usize> {
+                            let mut sent = 0;
+                            for i in (c..).step_by(args.clients.max(1)) {
+                                if Instant::now() >= deadline {
+                                    break;
+                                }
+                                post(&load[i % load.len()].ids)?;
+                                sent += args.tokens;
+                            }
+                            Ok(sent)
+                        })
+                    })
+                    .collect();
+                let probed = probe()?;
+                let mut tokens = 0;
+                for w in workers {
+                    tokens += w
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
+                }
+                Ok((tokens as f64 / seconds as f64, probed))
+            })
+        };
+        // Throughput under load alone; then a query every 250 ms under the same load.
+        let (served, _) = load_for(args.seconds, &|| Ok(Vec::new()))?;
+        let (_, mut loaded) = load_for(args.seconds, &|| {
+            let deadline = Instant::now() + Duration::from_secs(args.seconds);
+            std::thread::sleep(Duration::from_millis(500));
+            let mut ms = Vec::new();
+            while Instant::now() + Duration::from_millis(250) < deadline {
+                ms.push(post(&query[0].ids)?);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Ok(ms)
+        })?;
+        let (idle, loaded_p50) = (median(&mut idle), median(&mut loaded));
+        let row = serde_json::json!({
+            "model": info.dir, "clients": args.clients, "tokens_per_input": args.tokens,
+            "in_process_tokens_per_s": in_process, "served_tokens_per_s": served,
+            "throughput_ratio": served / in_process,
+            "query_p50_in_process_ms": median(&mut idle_in_process),
+            "query_p50_idle_ms": idle, "query_p50_under_load_ms": loaded_p50,
+            "latency_ratio": loaded_p50 / idle, "queries_under_load": loaded.len(),
+        });
+        if args.json {
+            println!("{row}");
+        } else {
+            println!(
+                "model {}, {} clients × 1 input of {} tokens, {} s of load",
+                info.dir.display(),
+                args.clients,
+                args.tokens,
+                args.seconds
+            );
+            println!(
+                "throughput: in-process {in_process:.0} tokens/s, served {served:.0} tokens/s \
+                 (served/in-process {:.2})",
+                served / in_process
+            );
+            println!(
+                "16-token query p50: in-process {:.1} ms, served idle {idle:.1} ms, \
+                 served under load {loaded_p50:.1} ms ({} queries; under load/idle {:.2})",
+                row["query_p50_in_process_ms"].as_f64().unwrap_or(f64::NAN),
+                loaded.len(),
+                loaded_p50 / idle
+            );
+        }
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
 }
 
 fn run_search(args: &BenchArgs) -> Result<()> {
@@ -119,6 +294,9 @@ fn mib(bytes: Option<u64>) -> String {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.search {
         return run_search(&args);
+    }
+    if args.serve {
+        return run_serve(&args);
     }
     let embedder = args.model.load()?;
     let info = embedder.info();

@@ -233,6 +233,14 @@ fn status(args: UninstallArgs) -> Result<()> {
             index.display()
         );
     }
+    println!(
+        "watcher:  {}",
+        if recall::watch::is_watched(&index) {
+            "running (recall watch or recall serve --watch)"
+        } else {
+            "not running: new messages are indexed after each turn only (start `recall serve --watch`)"
+        }
+    );
     if let Some(path) = service_path() {
         println!(
             "service:  {}",

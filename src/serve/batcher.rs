@@ -35,10 +35,50 @@ pub struct Batcher {
     shared: Arc<Shared>,
 }
 
+/// Inputs of the urgent lane that are queued or running: while there are
+/// any, the other lane's passes pause at their next layer boundary, so a
+/// query waits for at most one layer of a bulk pass, not the whole pass.
+#[derive(Default)]
+pub struct Gate {
+    urgent: Mutex<usize>,
+    clear: Condvar,
+}
+
+impl Gate {
+    fn add(&self, n: usize) {
+        *self.urgent.lock().unwrap() += n;
+    }
+
+    fn done(&self, n: usize) {
+        let mut urgent = self.urgent.lock().unwrap();
+        *urgent = urgent.saturating_sub(n);
+        if *urgent == 0 {
+            self.clear.notify_all();
+        }
+    }
+
+    fn wait_clear(&self) {
+        let mut urgent = self.urgent.lock().unwrap();
+        while *urgent > 0 {
+            urgent = self.clear.wait(urgent).unwrap();
+        }
+    }
+}
+
+/// A lane's place relative to the other.
+#[derive(Clone)]
+pub enum Priority {
+    /// Its inputs hold the gate.
+    Urgent(Arc<Gate>),
+    /// Its passes wait at layer boundaries while the gate is held.
+    Yielding(Arc<Gate>),
+}
+
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
     max_queue: usize,
+    priority: Priority,
 }
 
 #[derive(Default)]
@@ -77,15 +117,17 @@ impl Batcher {
         max_batch_tokens: usize,
         max_queue: usize,
         metrics: Arc<Metrics>,
+        priority: Priority,
     ) -> Self {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
             max_queue,
+            priority,
         });
         let worker = shared.clone();
         std::thread::Builder::new()
-            .name("recall-batcher".into())
+            .name("recall-batch".into())
             .spawn(move || worker.run(&embedder, max_batch_tokens.max(1), &metrics))
             .expect("cannot start the batching thread");
         Self { shared }
@@ -122,6 +164,9 @@ impl Batcher {
                 });
             }
             let now = Instant::now();
+            if let Priority::Urgent(gate) = &self.shared.priority {
+                gate.add(inputs.len());
+            }
             queue.len += inputs.len();
             queue.waiting.push_back(
                 inputs
@@ -171,11 +216,30 @@ impl Shared {
                 colbert: a.colbert || i.job.outputs.colbert,
             });
             let tokens: Vec<Tokens> = pass.iter().map(|i| i.tokens.clone()).collect();
-            let result = embedder.embed_tokens(&tokens, outputs);
+            let result = match &self.priority {
+                Priority::Yielding(gate) => {
+                    embedder.embed_tokens_with(&tokens, outputs, &|| gate.wait_clear())
+                }
+                Priority::Urgent(_) => embedder.embed_tokens(&tokens, outputs),
+            };
+            if let Priority::Urgent(gate) = &self.priority {
+                gate.done(pass.len());
+            }
             metrics.pass(
                 pass.len(),
                 tokens.iter().map(|t| t.ids.len()).sum(),
                 started.elapsed(),
+            );
+            tracing::debug!(
+                "{} pass: {} inputs, {} tokens, waited {:?}, took {:?}",
+                match self.priority {
+                    Priority::Urgent(_) => "query",
+                    Priority::Yielding(_) => "bulk",
+                },
+                pass.len(),
+                tokens.iter().map(|t| t.ids.len()).sum::<usize>(),
+                started.duration_since(pass[0].enqueued),
+                started.elapsed()
             );
             match result {
                 Ok(embeddings) => {

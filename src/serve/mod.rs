@@ -38,6 +38,9 @@ use crate::embedder::{Embedder, Embedding, Outputs};
 use crate::index::store::Identity;
 use crate::tokenize::Tokens;
 
+/// Requests of at most this many tokens in all go to the query lane.
+pub const QUERY_TOKENS: usize = 64;
+
 /// Default port: Ollama's 11434, plus one.
 pub const DEFAULT_PORT: u16 = 11435;
 
@@ -92,7 +95,12 @@ pub struct WatchJob {
 /// What every handler shares.
 pub struct AppState {
     pub embedder: Arc<Embedder>,
+    /// Forward passes for bulk requests (documents, indexing).
     pub batcher: Batcher,
+    /// Forward passes for short requests (queries): a bulk pass pauses at
+    /// its next layer while they wait, so a query never waits for a whole
+    /// bulk pass.
+    pub queries: Batcher,
     pub metrics: Arc<Metrics>,
     pub config: ServeConfig,
     /// What the model is (name, revision, dimension), as an index would record it.
@@ -332,7 +340,12 @@ impl AppState {
         }
     }
 
-    /// Embeds checked inputs through the batcher.
+    /// Inputs queued in both lanes.
+    pub fn queued(&self) -> usize {
+        self.batcher.queued() + self.queries.queued()
+    }
+
+    /// Embeds checked inputs through the batcher of their lane.
     pub async fn embed(
         &self,
         tokens: Vec<Tokens>,
@@ -341,8 +354,14 @@ impl AppState {
         self.embedder
             .check_outputs(outputs)
             .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-        self.metrics.queued.set(self.batcher.queued() as i64);
-        Ok(self.batcher.embed(tokens, outputs).await?)
+        self.metrics.queued.set(self.queued() as i64);
+        let total: usize = tokens.iter().map(|t| t.ids.len()).sum();
+        let lane = if total <= QUERY_TOKENS {
+            &self.queries
+        } else {
+            &self.batcher
+        };
+        Ok(lane.embed(tokens, outputs).await?)
     }
 }
 
@@ -453,6 +472,12 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (nudge, watcher) = match (watch, config.index.clone()) {
         (Some(job), Some(index)) => {
+            if crate::watch::is_watched(&index) {
+                bail!(
+                    "--watch: another recall watch (or recall serve --watch) already follows {}",
+                    index.display()
+                );
+            }
             let (nudge, nudges) = crate::watch::nudge_channel();
             let (embedder, stop) = (embedder.clone(), stop.clone());
             let thread = std::thread::Builder::new()
@@ -494,11 +519,20 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
         _ => (None, None),
     };
     let metrics = Arc::new(Metrics::default());
+    let gate = Arc::new(batcher::Gate::default());
     let batcher = Batcher::start(
         embedder.clone(),
         config.max_batch_tokens,
         config.max_queue,
         metrics.clone(),
+        batcher::Priority::Yielding(gate.clone()),
+    );
+    let queries = Batcher::start(
+        embedder.clone(),
+        config.max_batch_tokens,
+        config.max_queue,
+        metrics.clone(),
+        batcher::Priority::Urgent(gate),
     );
     let identity = crate::index::identity(&embedder, crate::index::chunk::ChunkParams::default());
     let addr = SocketAddr::new(config.host, config.port);
@@ -510,6 +544,7 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
         requests: Arc::new(Semaphore::new(config.max_concurrent_requests)),
         embedder,
         batcher,
+        queries,
         metrics,
         config,
         identity,
@@ -526,10 +561,16 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
     );
     // Tests and scripts read the address from this line.
     println!("listening on http://{local}");
+    // Replies go out at once: with Nagle's algorithm, a response written in two
+    // parts waits for the client's delayed ACK (~40 ms on loopback).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     state.batcher.close();
+    state.queries.close();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(thread) = watcher {
         let _ = thread.join();

@@ -194,7 +194,7 @@ async fn info(State(state): State<Shared>) -> Json<Value> {
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
-    state.metrics.queued.set(state.batcher.queued() as i64);
+    state.metrics.queued.set(state.queued() as i64);
     (
         [(
             header::CONTENT_TYPE,
