@@ -6,6 +6,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// candle allocates a fresh buffer for every op's output; glibc serves large
+// ones with new mmaps, whose pages the kernel must zero on first touch.
+// mimalloc reuses freed memory instead.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("RECALL_LOG")
