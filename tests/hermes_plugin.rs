@@ -24,46 +24,13 @@ fn history() -> (tempfile::TempDir, PathBuf) {
     (tmp, home)
 }
 
-fn hermes_python() -> String {
-    std::env::var("RECALL_TEST_HERMES_PYTHON")
-        .expect("RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh")
-}
-
 /// Hermes's loader and dispatch on `home` (tests/hermes/plugin_check.py).
 fn hermes_sees(home: &Path) -> Value {
-    let out = Command::new(hermes_python())
-        .arg(repo_root().join("tests/hermes/plugin_check.py"))
-        .args([home.to_str().unwrap(), QUERY])
-        .env_remove("RECALL_API_KEY")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "plugin_check.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = out
-        .stdout
-        .split(|&b| b == b'\n')
-        .rfind(|l| l.starts_with(b"{"))
-        .unwrap();
-    serde_json::from_slice(line).unwrap()
+    hermes_script("plugin_check.py", &[home.to_str().unwrap(), QUERY])
 }
 
 fn install(home: &Path, extra: &[&str]) -> String {
-    let model = minilm_dir();
-    let mut args = vec![
-        "hermes",
-        "install",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let (ok, out, err) = recall_cli(&args);
-    assert!(ok, "install: {err}");
-    out
+    recall_on(&["hermes", "install"], home, &minilm_dir(), extra)
 }
 
 fn uninstall(home: &Path) -> String {

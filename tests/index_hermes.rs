@@ -15,17 +15,7 @@ use serde_json::Value;
 
 /// `recall index --json` on `home` with `model`; the summary.
 fn index(home: &Path, model: &Path, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "index",
-        "--json",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let (ok, out, err) = recall_cli(&args);
-    assert!(ok, "recall index failed: {err}");
+    let out = recall_on(&["index", "--json"], home, model, extra);
     serde_json::from_str(out.lines().last().unwrap()).unwrap()
 }
 
@@ -548,4 +538,36 @@ fn old_and_current_schemas_are_read_by_their_columns() {
     drop(c);
     index(&v30, &tiny_model_dir(), &[]);
     assert_eq!(indexed_ids(&v30), BTreeSet::from([1, 2]));
+}
+
+#[test]
+fn two_indexers_starting_on_a_new_index_both_finish_consistent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    hermes_db(&["bulk", home.to_str().unwrap(), "300"]);
+    let model = tiny_model_dir();
+    let runs: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
+                .args(["index", "--hermes-home", home.to_str().unwrap()])
+                .args(["--model", model.to_str().unwrap()])
+                .env(
+                    "RECALL_CACHE_DIR",
+                    std::env::temp_dir().join("recall-test-cache"),
+                )
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for run in runs {
+        let out = run.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_complete(&home, &["user", "assistant"]);
 }

@@ -238,10 +238,24 @@ impl Store {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        let conn = Connection::open(path)
+        let mut conn = Connection::open(path)
             .with_context(|| format!("cannot open the index {}", path.display()))?;
         conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Write transactions take the write lock when they begin, where the
+        // busy timeout waits for it; a deferred one that reads first gets
+        // SQLITE_BUSY at once when another writer got there in between.
+        conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
+        // Turning a new file to WAL takes an exclusive lock and does not wait
+        // on the busy timeout: another process opening the new index at the
+        // same moment is waited for here.
+        let started = std::time::Instant::now();
+        while let Err(e) = conn.pragma_update(None, "journal_mode", "WAL") {
+            let busy = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy);
+            if !busy || started.elapsed() > Duration::from_secs(10) {
+                return Err(e).with_context(|| format!("cannot open the index {}", path.display()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA)
             .with_context(|| format!("{}: cannot set up the index", path.display()))?;
@@ -338,7 +352,19 @@ impl Store {
     /// Binds the index to `identity`: a new index takes it; an index of
     /// another identity is refused unless `rebuild`, which empties it first.
     pub fn bind(&mut self, identity: &Identity, rebuild: bool) -> Result<()> {
-        match self.identity()? {
+        // Decided and done under the write lock: two indexers starting on a
+        // new index (`recall index` beside `recall watch`) must not both set
+        // it up, the second dropping what the first has begun to write.
+        let tx = self.conn.transaction()?;
+        let existing: Option<Identity> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'identity'", [], |r| {
+                r.get::<_, String>(0)
+            })
+            .optional()?
+            .map(|json| serde_json::from_str(&json))
+            .transpose()
+            .context("the index's identity record is damaged")?;
+        match existing {
             Some(existing) if existing == *identity && !rebuild => return Ok(()),
             Some(existing) if !rebuild => {
                 bail!(
@@ -351,7 +377,6 @@ impl Store {
             }
             _ => {}
         }
-        let tx = self.conn.transaction()?;
         tx.execute_batch(
             "DROP TRIGGER IF EXISTS chunks_ad; DROP TABLE IF EXISTS chunks_vec;
              DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM chunk_codes;

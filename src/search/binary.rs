@@ -117,7 +117,11 @@ impl CodeFile {
         // already mapped the file only ever look below their own count.
         lock.lock()
             .with_context(|| format!("cannot lock {}", lock_path(&path).display()))?;
-        let tx = store.conn().unchecked_transaction()?;
+        // A read snapshot, not the write lock that the index's transactions take.
+        let tx = rusqlite::Transaction::new_unchecked(
+            store.conn(),
+            rusqlite::TransactionBehavior::Deferred,
+        )?;
         let state = IndexState::read(store)?;
         let record = 8 + code_bytes(state.dimension as usize);
         let header = read_header(&path);

@@ -74,29 +74,53 @@ pub fn minilm_dir() -> PathBuf {
     dir
 }
 
-/// Runs tests/hermes/hermes_db.py with the Python that has the real
-/// hermes-agent (scripts/hermes_venv.sh); its JSON answer.
-pub fn hermes_db(args: &[&str]) -> serde_json::Value {
-    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").expect(
+/// The Python that has the real hermes-agent (scripts/hermes_venv.sh).
+pub fn hermes_python() -> String {
+    std::env::var("RECALL_TEST_HERMES_PYTHON").expect(
         "RECALL_TEST_HERMES_PYTHON is not set: run the tests with scripts/test.sh, which installs \
          hermes-agent==0.19.0 into a venv and points this at its python",
-    );
-    let out = std::process::Command::new(python)
-        .arg(repo_root().join("tests/hermes/hermes_db.py"))
+    )
+}
+
+/// Runs tests/hermes/SCRIPT with Hermes's Python; the last JSON object it prints.
+pub fn hermes_script(script: &str, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(hermes_python())
+        .arg(repo_root().join("tests/hermes").join(script))
         .args(args)
+        .env_remove("RECALL_API_KEY")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "hermes_db.py {args:?}: {}",
+        "{script} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let json = out
         .stdout
         .split(|&b| b == b'\n')
-        .find(|l| l.starts_with(b"{"))
-        .unwrap();
+        .rfind(|l| l.starts_with(b"{"))
+        .unwrap_or_else(|| panic!("{script} printed no JSON"));
     serde_json::from_slice(json).unwrap()
+}
+
+/// Runs tests/hermes/hermes_db.py (the real Hermes SessionDB); its JSON answer.
+pub fn hermes_db(args: &[&str]) -> serde_json::Value {
+    hermes_script("hermes_db.py", args)
+}
+
+/// `recall COMMAND --hermes-home HOME --model MODEL EXTRA...`, which must succeed; its output.
+pub fn recall_on(command: &[&str], home: &Path, model: &Path, extra: &[&str]) -> String {
+    let mut args = command.to_vec();
+    args.extend([
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+    ]);
+    args.extend_from_slice(extra);
+    let (ok, out, err) = recall_cli(&args);
+    assert!(ok, "recall {command:?} failed: {err}");
+    out
 }
 
 /// Runs the `recall` binary (no stdin, a shared conversion cache, no
