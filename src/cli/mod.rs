@@ -36,7 +36,7 @@ pub struct Cli {
 enum Command {
     /// Embed texts: from arguments, or one per line on standard input. Writes JSON lines.
     Embed(embed::EmbedArgs),
-    /// Measure encoder throughput and memory on fixed batch × length shapes.
+    /// Measure encoder throughput and memory on fixed shapes; --search: vector search; --serve: recall serve under load.
     Bench(bench::BenchArgs),
     /// Index Hermes sessions (incremental: only what is new or changed is embedded).
     Index(index::IndexArgs),
