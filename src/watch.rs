@@ -52,6 +52,30 @@ pub enum Event<'a> {
     Waiting(&'a [PathBuf]),
 }
 
+impl Event<'_> {
+    /// The line a person reads for this event; None for a run that changed nothing.
+    pub fn describe(&self) -> Option<String> {
+        match self {
+            Event::Indexed(r) if r.embedded_messages + r.deleted_messages == 0 => None,
+            Event::Indexed(r) => Some(format!(
+                "indexed {} new or changed messages, removed {}, in {:.2}s",
+                r.embedded_messages, r.deleted_messages, r.seconds
+            )),
+            Event::Failed(message) => Some(format!(
+                "cannot index: {message} (retrying on the next change)"
+            )),
+            Event::Waiting(paths) => Some(format!(
+                "waiting for Hermes: no database at {} yet",
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
 /// Wakes a running watch at once (e.g. from the Hermes plugin's nudge).
 #[derive(Clone)]
 pub struct Nudge(Sender<()>);

@@ -71,37 +71,18 @@ pub fn run(args: WatchArgs) -> Result<()> {
 /// One line per run that changed something, and every problem.
 pub fn print_event(event: &Event, json: bool) {
     let now = recall::search::rfc3339(recall::index::unix_now());
-    match event {
-        Event::Indexed(r) if json => {
-            println!("{}", json!({"when": now, "event": "indexed", "report": r}))
-        }
-        Event::Indexed(r) if r.embedded_messages + r.deleted_messages > 0 => println!(
-            "{now} indexed {} new or changed messages, removed {}, in {:.2}s",
-            r.embedded_messages, r.deleted_messages, r.seconds
-        ),
-        Event::Indexed(_) => {}
-        Event::Failed(message) if json => {
-            println!(
-                "{}",
-                json!({"when": now, "event": "failed", "error": message})
-            )
-        }
-        Event::Failed(message) => {
-            eprintln!("{now} cannot index: {message} (retrying on the next change)")
-        }
-        Event::Waiting(paths) => {
-            let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-            if json {
-                println!(
-                    "{}",
-                    json!({"when": now, "event": "waiting", "paths": paths})
-                );
-            } else {
-                eprintln!(
-                    "{now} waiting for Hermes: no database at {} yet",
-                    paths.join(", ")
-                );
-            }
+    if json {
+        let value = match event {
+            Event::Indexed(r) => json!({"when": now, "event": "indexed", "report": r}),
+            Event::Failed(message) => json!({"when": now, "event": "failed", "error": message}),
+            Event::Waiting(paths) => json!({"when": now, "event": "waiting", "paths": paths}),
+        };
+        println!("{value}");
+    } else if let Some(line) = event.describe() {
+        // Progress on standard output, problems on standard error.
+        match event {
+            Event::Indexed(_) => println!("{now} {line}"),
+            _ => eprintln!("{now} {line}"),
         }
     }
     use std::io::Write;

@@ -483,23 +483,9 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
             let thread = std::thread::Builder::new()
                 .name("recall-watch".into())
                 .spawn(move || {
-                    let report = |event: crate::watch::Event| match event {
-                        crate::watch::Event::Indexed(r)
-                            if r.embedded_messages + r.deleted_messages > 0 =>
-                        {
-                            tracing::info!(
-                                "indexed {} new or changed messages, removed {}, in {:.2}s",
-                                r.embedded_messages,
-                                r.deleted_messages,
-                                r.seconds
-                            )
-                        }
-                        crate::watch::Event::Indexed(_) => {}
-                        crate::watch::Event::Failed(e) => {
-                            eprintln!("recall serve: cannot index: {e}")
-                        }
-                        crate::watch::Event::Waiting(p) => {
-                            eprintln!("recall serve: waiting for Hermes at {}", p[0].display())
+                    let report = |event: crate::watch::Event| {
+                        if let Some(line) = event.describe() {
+                            eprintln!("recall serve: {line}");
                         }
                     };
                     crate::watch::watch(
