@@ -260,6 +260,7 @@ pub fn synthetic_vector_index(
     let identity = Identity {
         provider: "bench".into(),
         model: "synthetic".into(),
+        family: String::new(),
         revision: "1".into(),
         weights_bytes: 0,
         dimension,

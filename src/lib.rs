@@ -11,6 +11,7 @@ pub mod heads;
 pub mod hermes_plugin;
 pub mod index;
 pub mod model;
+pub mod provider;
 pub mod score;
 pub mod search;
 pub mod serve;

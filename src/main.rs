@@ -31,6 +31,10 @@ fn main() -> ExitCode {
             {
                 return ExitCode::SUCCESS;
             }
+            if let Some(paused) = err.downcast_ref::<cli::Paused>() {
+                eprintln!("{paused}");
+                return ExitCode::from(75);
+            }
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use notify::{RecursiveMode, Watcher as _};
 
-use crate::embedder::Embedder;
 use crate::index::store::Store;
 use crate::index::{self, IndexOptions, Report};
+use crate::provider::Chain;
 use crate::source::hermes::Profile;
 
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +32,8 @@ pub struct WatchOptions {
     pub poll: Duration,
     /// How long the files must stay unchanged before indexing.
     pub debounce: Duration,
+    /// How soon a run that paused (no embedding provider) is tried again.
+    pub retry: Duration,
 }
 
 impl Default for WatchOptions {
@@ -39,6 +41,7 @@ impl Default for WatchOptions {
         Self {
             poll: Duration::from_millis(500),
             debounce: Duration::from_millis(150),
+            retry: Duration::from_secs(30),
         }
     }
 }
@@ -56,6 +59,12 @@ impl Event<'_> {
     /// The line a person reads for this event; None for a run that changed nothing.
     pub fn describe(&self) -> Option<String> {
         match self {
+            Event::Indexed(r) if r.paused.is_some() => Some(format!(
+                "indexing paused, {} messages wait: {} (retrying every {} s and on each change)",
+                r.pending_messages,
+                r.paused.as_deref().unwrap_or_default(),
+                WatchOptions::default().retry.as_secs()
+            )),
             Event::Indexed(r) if r.embedded_messages + r.deleted_messages == 0 => None,
             Event::Indexed(r) => Some(format!(
                 "indexed {} new or changed messages, removed {}, in {:.2}s",
@@ -165,7 +174,7 @@ fn signature(paths: &[PathBuf]) -> Signature {
 /// until `stop` is set. `on_event` hears of every run.
 #[allow(clippy::too_many_arguments)]
 pub fn watch(
-    embedder: &Embedder,
+    chain: &Chain,
     index_path: &Path,
     profiles: &[Profile],
     options: &IndexOptions,
@@ -196,9 +205,12 @@ pub fn watch(
     let mut last_error: Option<String> = None;
     let mut waiting_reported = false;
     let mut nudged = false;
+    let mut retry_at: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let mut current = signature(&paths);
-        if indexed.as_ref() != Some(&current) || nudged {
+        let retry_due = retry_at.is_some_and(|t| Instant::now() >= t);
+        if indexed.as_ref() != Some(&current) || nudged || retry_due {
+            retry_at = None;
             // Quiet for `debounce` (but never put off for more than a second).
             let started = Instant::now();
             loop {
@@ -222,11 +234,14 @@ pub fn watch(
             } else {
                 waiting_reported = false;
                 let run = Store::open(index_path).and_then(|mut store| {
-                    index::run(embedder, &mut store, profiles, options, &|_, _, _, _| {})
+                    index::run(chain, &mut store, profiles, options, &|_, _, _, _| {})
                 });
                 match run {
                     Ok(report) => {
                         last_error = None;
+                        if report.paused.is_some() {
+                            retry_at = Some(Instant::now() + watch.retry);
+                        }
                         on_event(Event::Indexed(&report));
                     }
                     Err(e) => {

@@ -56,7 +56,8 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
     ]);
 
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load(&minilm_dir(), cache.path()).unwrap();
+    let embedder = std::sync::Arc::new(load(&minilm_dir(), cache.path()).unwrap());
+    let chain = recall::provider::Chain::new(vec![embedder.clone()]);
     let mut store = Store::open(&home.join("recall/index.db")).unwrap();
     let profiles = recall::source::hermes::profiles(&home, None, false).unwrap();
     let options = recall::index::IndexOptions {
@@ -67,7 +68,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
         },
         rebuild: false,
     };
-    recall::index::run(&embedder, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap();
+    recall::index::run(&chain, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap();
 
     let run_with = |signals: Signals, min_score: f32, scan: Strategy| {
         let options = SearchOptions {
@@ -82,7 +83,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
             .iter()
             .map(|q| {
                 let (hits, _) =
-                    search::search(&store, Some(&embedder), &q.query, &options).unwrap();
+                    search::search(&store, Some(&*embedder), &q.query, &options).unwrap();
                 (
                     q.query.clone(),
                     hits.into_iter().map(|h| h.session_id).collect(),
@@ -154,7 +155,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
         ..Default::default()
     };
     for q in &corpus.queries {
-        let (hits, _) = search::search(&store, Some(&embedder), &q.query, &options).unwrap();
+        let (hits, _) = search::search(&store, Some(&*embedder), &q.query, &options).unwrap();
         let best = hits
             .iter()
             .find(|h| q.relevant.is_empty() || q.relevant.contains(&h.session_id));

@@ -13,7 +13,7 @@ use super::index::{ChunkArgs, HermesArgs, index_with};
 #[derive(Subcommand)]
 pub enum HermesCommand {
     /// Copy the plugin into $HERMES_HOME/plugins/recall, enable it, and index the history once.
-    Install(InstallArgs),
+    Install(Box<InstallArgs>),
     /// Disable and remove the plugin (and the service, if installed), leaving config.yaml as it was.
     Uninstall(UninstallArgs),
     /// Is the plugin installed and enabled, is recall serve (the watcher) running, how far behind is the index.
@@ -26,6 +26,8 @@ pub struct InstallArgs {
     hermes: HermesArgs,
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    providers: super::ProviderArgs,
     #[command(flatten)]
     chunk: ChunkArgs,
     /// The `recall serve` the plugin asks first.
@@ -70,7 +72,7 @@ impl UninstallArgs {
 
 pub fn run(cmd: HermesCommand) -> Result<()> {
     match cmd {
-        HermesCommand::Install(args) => install(args),
+        HermesCommand::Install(args) => install(*args),
         HermesCommand::Uninstall(args) => uninstall(args),
         HermesCommand::Status(args) => status(args),
     }
@@ -136,7 +138,14 @@ fn install(args: InstallArgs) -> Result<()> {
         install_service(&settings)?;
     }
     if !args.no_index {
-        index_with(&args.hermes, &args.model, &args.chunk, false, false)?;
+        index_with(
+            &args.hermes,
+            &args.model,
+            &args.providers,
+            &args.chunk,
+            false,
+            false,
+        )?;
     }
     println!(
         "Hermes now has the semantic_session_search tool. For millisecond searches and \

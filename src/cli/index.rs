@@ -13,7 +13,7 @@ use recall::index::{self, IndexOptions};
 use recall::source::hermes::{self, Profile, Selection};
 use serde_json::json;
 
-use super::ModelArgs;
+use super::{ModelArgs, Paused, ProviderArgs};
 
 /// Where the Hermes history and the index are.
 #[derive(Args, Clone)]
@@ -113,20 +113,37 @@ pub struct ChunkArgs {
     /// Tokens per chunk window, special tokens included. Default: 512, or the model's limit if smaller.
     #[arg(long)]
     chunk_tokens: Option<usize>,
-    /// Tokens shared by consecutive windows of a long message.
-    #[arg(long, default_value_t = 64)]
-    chunk_overlap: usize,
+    /// Tokens shared by consecutive windows of a long message. Default: 64.
+    #[arg(long)]
+    chunk_overlap: Option<usize>,
 }
 
 impl ChunkArgs {
-    pub fn params(&self, embedder: &recall::Embedder) -> ChunkParams {
+    /// The chunking, for a model taking at most `max_length` tokens (if known).
+    pub fn params(&self, max_length: Option<usize>) -> ChunkParams {
         ChunkParams {
             window: self.chunk_tokens.unwrap_or(
                 ChunkParams::default()
                     .window
-                    .min(embedder.info().max_length),
+                    .min(max_length.unwrap_or(usize::MAX)),
             ),
-            overlap: self.chunk_overlap,
+            overlap: self.chunk_overlap.unwrap_or(ChunkParams::default().overlap),
+        }
+    }
+
+    /// The chunking of an index built before (`existing`) unless set here,
+    /// else the default for `chain` (its local model's limit, when it has one).
+    pub fn params_for(
+        &self,
+        chain: &recall::provider::Chain,
+        existing: Option<&recall::index::store::Identity>,
+    ) -> ChunkParams {
+        match existing {
+            Some(id) => ChunkParams {
+                window: self.chunk_tokens.unwrap_or(id.chunk_tokens),
+                overlap: self.chunk_overlap.unwrap_or(id.chunk_overlap),
+            },
+            None => self.params(chain.local().map(|e| e.info().max_length)),
         }
     }
 }
@@ -137,6 +154,8 @@ pub struct IndexArgs {
     hermes: HermesArgs,
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    providers: ProviderArgs,
     /// Empty the index and embed everything again (needed after changing the model or chunking).
     #[arg(long)]
     rebuild: bool,
@@ -151,6 +170,7 @@ pub fn run_index(args: IndexArgs) -> Result<()> {
     index_with(
         &args.hermes,
         &args.model,
+        &args.providers,
         &args.chunk,
         args.rebuild,
         args.json,
@@ -161,6 +181,7 @@ pub fn run_index(args: IndexArgs) -> Result<()> {
 pub fn index_with(
     hermes: &HermesArgs,
     model: &ModelArgs,
+    providers: &ProviderArgs,
     chunk: &ChunkArgs,
     rebuild: bool,
     json: bool,
@@ -169,14 +190,11 @@ pub fn index_with(
     let selection = hermes.selection()?;
     let index_path = hermes.index_path()?;
     let mut store = Store::open(&index_path)?;
-    let embedder = if rebuild {
-        model.load()?
-    } else {
-        model.load_or(store.model_dir()?)?
-    };
+    let remembered = if rebuild { None } else { store.model_dir()? };
+    let chain = providers.chain(model, remembered)?;
     let options = IndexOptions {
         selection,
-        chunk: chunk.params(&embedder),
+        chunk: chunk.params_for(&chain, store.identity()?.as_ref().filter(|_| !rebuild)),
         rebuild,
     };
     let bar = if !json && std::io::stderr().is_terminal() {
@@ -202,7 +220,7 @@ pub fn index_with(
             bar.set_message(format!("{chunks} chunks, {rate:.0} tokens/s"));
         }
     };
-    let report = index::run(&embedder, &mut store, &profiles, &options, &progress)?;
+    let report = index::run(&chain, &mut store, &profiles, &options, &progress)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -227,6 +245,17 @@ pub fn index_with(
             report.tokens_per_second
         );
     }
+    if report.embedded_by.len() > 1 || report.embedded_by.keys().any(|p| p != "local") {
+        eprintln!(
+            "embedded by: {}",
+            report
+                .embedded_by
+                .iter()
+                .map(|(p, n)| format!("{p} {n} chunks"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if report.truncated_chunks > 0 {
         eprintln!(
             "warning: {} chunks were longer than the model's limit and were truncated",
@@ -238,6 +267,21 @@ pub fn index_with(
             "warning: {} malformed lines in Hermes session files were skipped",
             report.malformed_lines
         );
+    }
+    if let Some(why) = report.paused {
+        let waiting = if report.messages == 0 {
+            "nothing was indexed yet; it waits".to_string()
+        } else {
+            format!(
+                "what was embedded is kept; {} messages wait",
+                report.pending_messages
+            )
+        };
+        return Err(Paused(format!(
+            "indexing paused: {why}\n{waiting} for the next `recall index` \
+             (`recall watch` retries by itself). `recall providers` shows each provider's state."
+        ))
+        .into());
     }
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! Command-line arguments and dispatch. Each subcommand lives in its own module.
 
 mod bench;
+mod doctor;
 mod embed;
 mod hermes;
 mod index;
 mod model;
+mod providers;
 mod search;
 mod serve;
 mod watch;
@@ -55,6 +57,65 @@ enum Command {
     Hermes(hermes::HermesCommand),
     /// Serve the model over HTTP to OpenAI, Ollama and TEI clients, plus session search.
     Serve(serve::ServeArgs),
+    /// The embedding providers configured (local, Ollama, OpenAI-compatible): reachable? which space? which one the index uses.
+    Providers(providers::ProvidersArgs),
+    /// Check this machine's setup (Hermes, index, model, providers, plugin) and say what to do about each problem.
+    Doctor(doctor::DoctorArgs),
+}
+
+/// A run that stopped because no embedding provider could work: what was
+/// done is kept. Exit status 75 (EX_TEMPFAIL): try again later.
+#[derive(Debug)]
+pub struct Paused(pub String);
+
+impl std::fmt::Display for Paused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Paused {}
+
+/// Where embeddings come from: options shared by the commands that embed.
+#[derive(Args, Clone)]
+pub struct ProviderArgs {
+    /// Configuration file. Default: $RECALL_CONFIG, then ~/.config/recall/config.toml if it exists.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Embedding providers to try, in order (comma-separated; built in: local, ollama, ark, openai;
+    /// others from config.toml). Default: RECALL_PROVIDERS, then config.toml's `chain`, then local.
+    #[arg(long = "provider", value_name = "NAME", value_delimiter = ',')]
+    providers: Vec<String>,
+}
+
+impl ProviderArgs {
+    pub fn config(&self) -> Result<recall::provider::Config> {
+        recall::provider::Config::load(self.config.as_deref(), &self.providers)
+    }
+
+    /// The chain of providers; a local one loads `model` (or the index's
+    /// `remembered` model) when first needed.
+    pub fn chain(
+        &self,
+        model: &ModelArgs,
+        remembered: Option<PathBuf>,
+    ) -> Result<recall::provider::Chain> {
+        let config = self.config()?;
+        // With other providers to fall back to, a missing model is not fetched (2.3 GB) on the spot.
+        let fetch = config.chain.len() == 1;
+        config.build(&|name, settings| {
+            let (model, remembered, configured) = (
+                model.clone(),
+                remembered.clone(),
+                settings.model.clone().map(PathBuf::from),
+            );
+            std::sync::Arc::new(recall::provider::local::Local::new(
+                name,
+                settings.space.clone(),
+                Box::new(move || model.load_from(remembered.clone(), configured.clone(), fetch)),
+            ))
+        })
+    }
 }
 
 /// Options shared by every command that loads a model.
@@ -106,11 +167,23 @@ impl ModelArgs {
     /// Loads the named model, else `remembered` (the model an index was
     /// built with, if its directory still exists), else the default.
     pub fn load_or(&self, remembered: Option<PathBuf>) -> Result<Embedder> {
-        let named =
-            self.model.is_some() || std::env::var_os("RECALL_MODEL").is_some_and(|v| !v.is_empty());
-        let dir = match remembered.filter(|d| !named && d.join("config.json").is_file()) {
+        self.load_from(remembered, None, true)
+    }
+
+    /// Loads the named model, else `configured` (config.toml's), else
+    /// `remembered`, else the default, fetched on first use when `fetch`.
+    pub fn load_from(
+        &self,
+        remembered: Option<PathBuf>,
+        configured: Option<PathBuf>,
+        fetch: bool,
+    ) -> Result<Embedder> {
+        let dir = match configured
+            .or(remembered.filter(|d| d.join("config.json").is_file()))
+            .filter(|_| !self.is_named())
+        {
             Some(dir) => dir,
-            None => self.model_dir()?,
+            None => self.model_dir(fetch)?,
         };
         let options = LoadOptions {
             max_length: self.max_length,
@@ -135,13 +208,14 @@ impl ModelArgs {
 impl ModelArgs {
     /// The model directory; with none on disk and none named, BAAI/bge-m3 is
     /// fetched now (first use), unless offline.
-    fn model_dir(&self) -> Result<PathBuf> {
+    fn model_dir(&self, fetch: bool) -> Result<PathBuf> {
         use recall::model::{hub, locate};
-        let named =
-            self.model.is_some() || std::env::var_os("RECALL_MODEL").is_some_and(|v| !v.is_empty());
         match locate::locate(self.model.as_deref()) {
             Ok(located) => Ok(located.dir),
-            Err(err) if named => Err(err),
+            Err(err) if self.is_named() => Err(err),
+            Err(_) if !fetch => anyhow::bail!(
+                "no model on disk (fetch it with `recall model fetch`, or see `recall model import`)"
+            ),
             Err(_) if self.offline || hub::offline_from_env() => {
                 let cache = locate::hub_cache_dir().unwrap_or_default();
                 anyhow::bail!(hub::offline_message(&cache))
@@ -169,5 +243,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Hermes(cmd) => hermes::run(cmd),
+        Command::Providers(args) => providers::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }

@@ -124,7 +124,7 @@ fn convert(dir: &Path, cache: &Path) -> Result<()> {
 
 /// The manifest that describes `located`: recall's record for a hub
 /// snapshot, or the directory's own `manifest.json`.
-fn manifest_of(located: &Located) -> Result<Option<Manifest>> {
+pub fn manifest_of(located: &Located) -> Result<Option<Manifest>> {
     if let Origin::HubCache { revision } = &located.origin {
         let path = manifest_path(&locate::recall_cache_dir()?, DEFAULT_REPO, revision);
         if path.is_file() {

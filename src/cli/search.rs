@@ -9,8 +9,8 @@ use recall::search::vector::Strategy;
 use recall::search::{self, Filters, Fusion, SearchOptions, Signals};
 use recall::source::hermes::StateDb;
 
-use super::ModelArgs;
 use super::index::HermesArgs;
+use super::{ModelArgs, ProviderArgs};
 
 #[derive(Args)]
 pub struct SearchArgs {
@@ -20,6 +20,8 @@ pub struct SearchArgs {
     hermes: HermesArgs,
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    providers: ProviderArgs,
     /// Sessions to return.
     #[arg(long, short = 'n', default_value_t = 5)]
     limit: usize,
@@ -75,9 +77,20 @@ enum VectorScan {
 pub fn run_search(args: SearchArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
     let store = Store::open_existing(&index_path)?;
-    let embedder = match args.signals {
-        Signals::Keyword => None,
-        _ => Some(args.model.load_or(store.model_dir()?)?),
+    let chain = args.providers.chain(&args.model, store.model_dir()?)?;
+    let provider = match (args.signals, store.identity()?) {
+        (Signals::Keyword, _) | (_, None) => None,
+        (_, Some(identity)) => match search::query_provider(&chain, &identity) {
+            Ok(p) => Some(p),
+            // Keyword search still finds exact words: better than nothing, and said.
+            Err(unavailable) if args.signals == Signals::Hybrid => {
+                eprintln!(
+                    "keyword-only search: {unavailable}\n(`recall providers` shows each provider's state)"
+                );
+                None
+            }
+            Err(unavailable) => bail!("{unavailable}"),
+        },
     };
     let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {
         (Some(p), _) => vec![p.clone()],
@@ -106,12 +119,15 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
             profiles,
         },
     };
-    let (hits, info) = search::search(&store, embedder.as_ref(), &args.query, &options)?;
+    let (hits, info) = search::search(&store, provider.as_deref(), &args.query, &options)?;
     if args.json {
         for hit in &hits {
             println!("{}", serde_json::to_string(hit)?);
         }
         return Ok(());
+    }
+    if info.mode == "keyword" && args.signals != Signals::Keyword {
+        println!("(keyword-only results: no embedding provider is available for this index)");
     }
     if hits.is_empty() {
         println!(

@@ -100,7 +100,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             )?,
             options: IndexOptions {
                 selection: recall::source::hermes::Selection::default(),
-                chunk: args.chunk.params(&embedder),
+                chunk: args.chunk.params(Some(embedder.info().max_length)),
                 rebuild: false,
             },
             timing: WatchOptions::default(),

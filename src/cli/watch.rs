@@ -9,8 +9,8 @@ use recall::index::store::Store;
 use recall::watch::{self, Event, WatchOptions};
 use serde_json::json;
 
-use super::ModelArgs;
 use super::index::{ChunkArgs, HermesArgs};
+use super::{ModelArgs, ProviderArgs};
 
 #[derive(Args)]
 pub struct WatchArgs {
@@ -18,6 +18,8 @@ pub struct WatchArgs {
     hermes: HermesArgs,
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    providers: ProviderArgs,
     #[command(flatten)]
     chunk: ChunkArgs,
     /// How often to check Hermes's files when no file notification comes, in milliseconds.
@@ -34,16 +36,18 @@ pub struct WatchArgs {
 pub fn run(args: WatchArgs) -> Result<()> {
     let profiles = args.hermes.profiles_even_missing()?;
     let index_path = args.hermes.index_path()?;
-    let remembered = Store::open(&index_path)?.model_dir()?;
-    let embedder = args.model.load_or(remembered)?;
+    let store = Store::open(&index_path)?;
+    let chain = args.providers.chain(&args.model, store.model_dir()?)?;
     let options = IndexOptions {
         selection: args.hermes.selection()?,
-        chunk: args.chunk.params(&embedder),
+        chunk: args.chunk.params_for(&chain, store.identity()?.as_ref()),
         rebuild: false,
     };
+    drop(store);
     let timing = WatchOptions {
         poll: std::time::Duration::from_millis(args.poll_ms.max(10)),
         debounce: std::time::Duration::from_millis(args.debounce_ms),
+        ..WatchOptions::default()
     };
     eprintln!(
         "recall watch: following {} into {} (Ctrl-C to stop)",
@@ -57,7 +61,7 @@ pub fn run(args: WatchArgs) -> Result<()> {
     let json = args.json;
     let (_nudge, nudges) = watch::nudge_channel();
     watch::watch(
-        &embedder,
+        &chain,
         &index_path,
         &profiles,
         &options,

@@ -93,3 +93,130 @@ fn ceil_boundary(text: &str, mut i: usize) -> usize {
     }
     i
 }
+
+/// How chunks are measured: in the model's own tokens when recall has its
+/// tokenizer (always, with the local engine in the chain), else by an
+/// estimate that over-counts (`provider::estimate_tokens`).
+#[derive(Clone, Copy)]
+pub enum Chunker<'a> {
+    Tokens(&'a TextTokenizer),
+    Estimate,
+}
+
+impl Chunker<'_> {
+    pub fn check(&self, params: ChunkParams) -> Result<()> {
+        match self {
+            Chunker::Tokens(t) => params.check(t),
+            Chunker::Estimate => {
+                if params.overlap >= params.window.saturating_sub(2) {
+                    bail!(
+                        "--chunk-overlap {} must be smaller than --chunk-tokens {} less 2",
+                        params.overlap,
+                        params.window
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub fn chunk(&self, text: &str, params: ChunkParams) -> Result<Vec<String>> {
+        match self {
+            Chunker::Tokens(t) => chunk(text, params, t),
+            Chunker::Estimate => Ok(chunk_estimated(text, params)),
+        }
+    }
+}
+
+/// Windows of at most `params.window` estimated tokens (two for the
+/// special tokens), cut after whitespace where the window's last quarter has some.
+fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
+    // Costs in thirds of a token: CJK 3, other visible characters 1.
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let cost = |c: char| -> usize {
+        if crate::provider::is_cjk(c) {
+            3
+        } else if c.is_whitespace() {
+            0
+        } else {
+            1
+        }
+    };
+    let budget = params.window.saturating_sub(2).max(1) * 3;
+    let total: usize = chars.iter().map(|&(_, c)| cost(c)).sum();
+    if total <= budget {
+        return vec![text.to_string()];
+    }
+    let mut chunks = Vec::new();
+    let mut first = 0;
+    while first < chars.len() {
+        let mut spent = 0;
+        let mut end = first;
+        while end < chars.len() && spent + cost(chars[end].1) <= budget {
+            spent += cost(chars[end].1);
+            end += 1;
+        }
+        if end == first {
+            end = first + 1;
+        }
+        if end < chars.len() {
+            let floor = first + (end - first) * 3 / 4;
+            if let Some(ws) = (floor..end).rev().find(|&i| chars[i].1.is_whitespace()) {
+                end = ws + 1;
+            }
+        }
+        let from = chars[first].0;
+        let to = chars.get(end).map_or(text.len(), |c| c.0);
+        chunks.push(text[from..to].to_string());
+        if end >= chars.len() {
+            break;
+        }
+        // Step back by the overlap.
+        let mut back = end;
+        let mut kept = 0;
+        while back > first + 1 && kept + cost(chars[back - 1].1) <= params.overlap * 3 {
+            kept += cost(chars[back - 1].1);
+            back -= 1;
+        }
+        first = back.max(first + 1);
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimated_chunks_fit_and_cover_the_text() {
+        let params = ChunkParams {
+            window: 40,
+            overlap: 8,
+        };
+        let text = "The disk on the build server filled up again. ".repeat(20)
+            + &"磁盘空间不足".repeat(30);
+        let chunks = chunk_estimated(&text, params);
+        assert!(chunks.len() > 3);
+        for c in &chunks {
+            assert!(
+                crate::provider::estimate_tokens(c) <= params.window + 1,
+                "{c:?}"
+            );
+        }
+        assert!(text.starts_with(&chunks[0]));
+        assert!(text.ends_with(chunks.last().unwrap().as_str()));
+        // Consecutive windows overlap, so no text falls between them.
+        for w in chunks.windows(2) {
+            let tail: String = w[0]
+                .chars()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            assert!(w[1].contains(tail.trim()), "{:?} / {:?}", w[0], w[1]);
+        }
+        assert_eq!(chunk_estimated("short", params), vec!["short".to_string()]);
+    }
+}

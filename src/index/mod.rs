@@ -13,16 +13,17 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use rayon::prelude::*;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::embedder::{Embedder, Outputs};
+use crate::embedder::Embedder;
+use crate::provider::{Chain, Input, Provider, SAME_SPACE_COSINE, Unavailable, Vector};
 use crate::source::files;
 use crate::source::hermes::{HIDDEN_SOURCES, Message, Profile, Selection, Session, StateDb};
 use crate::tokenize::Tokens;
-use chunk::ChunkParams;
+use chunk::{ChunkParams, Chunker};
 use store::{ChunkRow, Identity, MessageRow, SessionRow, Store};
 
 /// Tokens embedded per group (one writer transaction per group).
@@ -54,6 +55,12 @@ pub struct Report {
     pub tokens_per_second: f64,
     /// Time spent in the model alone: the rest is the pipeline's cost.
     pub embed_seconds: f64,
+    /// Chunks each provider embedded in this run.
+    pub embedded_by: std::collections::BTreeMap<String, usize>,
+    /// Set when no provider of the index's space could embed: what was
+    /// done is kept, and `pending_messages` wait for the next run.
+    pub paused: Option<String>,
+    pub pending_messages: usize,
 }
 
 /// Progress as work is done: (messages done, messages to do, chunks done, tokens done).
@@ -61,40 +68,10 @@ pub type ProgressFn<'a> = &'a (dyn Fn(usize, usize, usize, usize) + Sync);
 
 /// The identity an index built by `embedder` with `chunk` has.
 pub fn identity(embedder: &Embedder, chunk: ChunkParams) -> Identity {
-    let info = embedder.info();
-    let model = info
-        .dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // A hub snapshot is named by its revision; its repository is two levels up.
-    let (model, revision) = match info
-        .dir
-        .parent()
-        .and_then(|p| p.parent())
-        .and_then(|p| p.file_name())
-    {
-        Some(repo) if repo.to_string_lossy().starts_with("models--") => (
-            repo.to_string_lossy()
-                .trim_start_matches("models--")
-                .replace("--", "/"),
-            model,
-        ),
-        _ => (model, "local".to_string()),
-    };
-    Identity {
-        provider: "local".into(),
-        model,
-        revision,
-        weights_bytes: std::fs::metadata(&info.weights)
-            .map(|m| m.len())
-            .unwrap_or(0),
-        dimension: info.dense_dim,
-        normalized: info.normalize,
-        sparse: info.sparse,
-        chunk_tokens: chunk.window,
-        chunk_overlap: chunk.overlap,
-    }
+    let mut identity = crate::provider::local::identity_of(embedder, None);
+    identity.chunk_tokens = chunk.window;
+    identity.chunk_overlap = chunk.overlap;
+    identity
 }
 
 fn fingerprint(m: &Message) -> String {
@@ -156,35 +133,70 @@ fn read_profile(profile: &Profile, selection: &Selection) -> Result<Snapshot> {
     })
 }
 
-/// Indexes `profiles` into `store` with `embedder`.
+/// Indexes `profiles` into `store`, embedding with the first provider of
+/// `chain` that can (see `Embedders`).
 pub fn run(
-    embedder: &Embedder,
+    chain: &Chain,
     store: &mut Store,
     profiles: &[Profile],
     options: &IndexOptions,
     progress: ProgressFn,
 ) -> Result<Report> {
     let started = Instant::now();
-    options.chunk.check(embedder.tokenizer())?;
-    let identity = identity(embedder, options.chunk);
-    store.bind(&identity, options.rebuild)?;
-    // Later runs and searches without --model use the same directory.
-    store.set_meta(
-        "model_dir",
-        &embedder
-            .info()
-            .dir
-            .canonicalize()
-            .unwrap_or_else(|_| embedder.info().dir.clone())
-            .to_string_lossy(),
-    )?;
-    let namespace = identity.embedding_key();
-    let outputs = Outputs {
-        dense: true,
-        sparse: identity.sparse,
-        colbert: false,
+    let local = chain.local();
+    let chunker = match &local {
+        Some(e) => Chunker::Tokens(e.tokenizer()),
+        None => Chunker::Estimate,
     };
+    chunker.check(options.chunk)?;
     let mut report = Report::default();
+    let existing = if options.rebuild {
+        None
+    } else {
+        store.identity()?
+    };
+    let bound = match existing {
+        Some(identity) => identity,
+        None => match chain.first_available() {
+            Ok((_, mut identity)) => {
+                identity.chunk_tokens = options.chunk.window;
+                identity.chunk_overlap = options.chunk.overlap;
+                store.bind(&identity, options.rebuild)?;
+                identity
+            }
+            Err(unavailable) => {
+                report.paused = Some(unavailable.to_string());
+                report.seconds = started.elapsed().as_secs_f64();
+                return Ok(report);
+            }
+        },
+    };
+    if (bound.chunk_tokens, bound.chunk_overlap) != (options.chunk.window, options.chunk.overlap) {
+        bail!(
+            "the index {} was cut into chunks of {} tokens (overlap {}), not {} (overlap {}): \
+             chunks of two sizes are never mixed. Run `recall index --rebuild` to cut and embed everything again.",
+            store.path().display(),
+            bound.chunk_tokens,
+            bound.chunk_overlap,
+            options.chunk.window,
+            options.chunk.overlap
+        );
+    }
+    let embedders = Embedders::new(chain, &bound, store)?;
+    if let Some(e) = local
+        .as_ref()
+        .filter(|_| embedders.usable().iter().any(|p| p.local().is_some()))
+    {
+        // Later runs and searches without --model use the same directory.
+        let dir = &e.info().dir;
+        store.set_meta(
+            "model_dir",
+            &dir.canonicalize()
+                .unwrap_or_else(|_| dir.clone())
+                .to_string_lossy(),
+        )?;
+    }
+    let namespace = bound.embedding_key();
 
     for profile in profiles {
         let snapshot = read_profile(profile, &options.selection)
@@ -227,17 +239,17 @@ pub fn run(
             .filter(|(m, fp)| indexed.get(&m.id) != Some(fp))
             .collect();
         report.unchanged_messages += seen - todo.len();
-        embed_messages(
-            embedder,
-            store,
-            &profile.name,
-            &namespace,
-            outputs,
-            todo,
-            options,
-            progress,
-            &mut report,
-        )?;
+        if report.paused.is_some() {
+            report.pending_messages += todo.len();
+            continue;
+        }
+        let stage = Stage {
+            embedders: &embedders,
+            chunker,
+            namespace: &namespace,
+            sparse: bound.sparse,
+        };
+        stage.run(store, &profile.name, todo, options, progress, &mut report)?;
     }
     store.set_meta("last_indexed_at", &format!("{:.3}", unix_now()))?;
     // Large indexes are searched through the code file: bring it up to date
@@ -256,6 +268,161 @@ pub fn run(
     Ok(report)
 }
 
+/// The chain's providers that may write into an index bound to `bound`,
+/// in order: those of its space (and, for recall's own engine, its very
+/// model), each checked once against vectors already stored before its
+/// first use. A group is embedded by the first that succeeds.
+pub struct Embedders<'a> {
+    chain: &'a Chain,
+    bound: &'a Identity,
+    /// Stored passages and their vectors, to check a provider other than the index's builder.
+    sample: Vec<(String, Vec<f32>)>,
+    /// Provider name → None (may write) or why it may not.
+    checked: std::sync::Mutex<HashMap<String, Option<String>>>,
+}
+
+impl<'a> Embedders<'a> {
+    pub fn new(chain: &'a Chain, bound: &'a Identity, store: &Store) -> Result<Self> {
+        Ok(Self {
+            chain,
+            bound,
+            sample: store.sample_vectors(3)?,
+            checked: Default::default(),
+        })
+    }
+
+    /// The providers known to be usable so far (loaded, of the right space).
+    fn usable(&self) -> Vec<&std::sync::Arc<dyn Provider>> {
+        self.chain
+            .providers()
+            .iter()
+            .filter(|p| matches!(self.may_write(p.as_ref()), Ok(())))
+            .collect()
+    }
+
+    /// Whether `p` may write into the index now; why not otherwise.
+    fn may_write(&self, p: &dyn Provider) -> Result<(), String> {
+        if let Some(verdict) = self.checked.lock().unwrap().get(p.name()) {
+            return verdict.clone().map_or(Ok(()), Err);
+        }
+        let mut identity = p.identity().map_err(|e| format!("{e:#}"))?;
+        identity.chunk_tokens = self.bound.chunk_tokens;
+        identity.chunk_overlap = self.bound.chunk_overlap;
+        let verdict = if !self.bound.accepts(&identity) {
+            Some(if identity.space() == self.bound.space() {
+                format!(
+                    "another model of the same name ({} {}, the index has {} {})",
+                    identity.model, identity.revision, self.bound.model, self.bound.revision
+                )
+            } else {
+                format!(
+                    "another vector space ({}; the index is {}): usable only for a new index (`recall index --rebuild`)",
+                    identity.space(),
+                    self.bound.space()
+                )
+            })
+        } else if identity.embedding_key() != self.bound.embedding_key() {
+            // Same name, same width, another provider: check that it really
+            // gives the vectors the index holds.
+            self.same_vectors(p).err()
+        } else {
+            None
+        };
+        // Unavailable providers are asked again next time; verdicts stay.
+        self.checked
+            .lock()
+            .unwrap()
+            .insert(p.name().to_string(), verdict.clone());
+        verdict.map_or(Ok(()), Err)
+    }
+
+    fn same_vectors(&self, p: &dyn Provider) -> Result<(), String> {
+        if self.sample.is_empty() {
+            return Ok(());
+        }
+        let inputs: Vec<Input> = self
+            .sample
+            .iter()
+            .map(|(text, _)| Input { text, tokens: None })
+            .collect();
+        let vectors = p.embed(&inputs, false).map_err(|e| format!("{e:#}"))?;
+        let mean = self
+            .sample
+            .iter()
+            .zip(&vectors)
+            .map(|((_, stored), v)| cosine(stored, &v.dense))
+            .sum::<f32>()
+            / self.sample.len() as f32;
+        if mean < SAME_SPACE_COSINE {
+            return Err(format!(
+                "its vectors are not the index's: mean cosine {mean:.3} over {} stored passages (at least {SAME_SPACE_COSINE} needed); \
+                 another model behind the same name? Set its `space` in config.toml, or rebuild the index with it",
+                self.sample.len()
+            ));
+        }
+        tracing::info!(
+            "{}: mean cosine {mean:.5} to the index's own vectors",
+            p.name()
+        );
+        Ok(())
+    }
+
+    /// Embeds `inputs` with the first provider that may and can; the provider's name.
+    pub fn embed(
+        &self,
+        inputs: &[Input],
+        sparse: bool,
+    ) -> Result<(Vec<Vector>, String), Unavailable> {
+        let mut reasons = Vec::new();
+        for p in self.chain.providers() {
+            if let Err(why) = self.may_write(p.as_ref()) {
+                reasons.push((p.name().to_string(), why));
+                continue;
+            }
+            match p.embed(inputs, sparse) {
+                Ok(v)
+                    if v.len() == inputs.len()
+                        && v.iter().all(|v| v.dense.len() == self.bound.dimension) =>
+                {
+                    return Ok((v, p.name().to_string()));
+                }
+                Ok(_) => reasons.push((
+                    p.name().into(),
+                    "returned vectors of the wrong count or width".into(),
+                )),
+                Err(e) => {
+                    tracing::warn!("{}: {e:#}", p.name());
+                    reasons.push((p.name().to_string(), format!("{e:#}")));
+                }
+            }
+        }
+        Err(Unavailable {
+            space: Some(self.bound.space()),
+            reasons,
+        })
+    }
+
+    /// The embedding cache namespace of provider `name`'s vectors.
+    fn namespace_of(&self, name: &str) -> String {
+        self.chain
+            .providers()
+            .iter()
+            .find(|p| p.name() == name)
+            .and_then(|p| p.identity().ok())
+            .map_or_else(|| self.bound.embedding_key(), |i| i.embedding_key())
+    }
+
+    /// Whether no provider of the chain could ever write into this index (all of another space).
+    pub fn none_of_this_space(&self) -> bool {
+        let checked = self.checked.lock().unwrap();
+        self.chain.providers().iter().all(|p| {
+            checked
+                .get(p.name())
+                .is_some_and(|v| v.as_ref().is_some_and(|why| why.starts_with("another")))
+        })
+    }
+}
+
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -263,50 +430,33 @@ pub fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot = crate::score::dense(a, b);
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b)).max(f32::MIN_POSITIVE)
+}
+
 /// A message cut into chunks, with what is known of their embeddings.
 struct Pending {
     message: Message,
     fingerprint: String,
-    chunks: Vec<(Tokens, String, Option<ChunkRow>)>,
+    chunks: Vec<PendingChunk>,
+}
+
+struct PendingChunk {
+    text: String,
+    /// Token ids when recall's own tokenizer cut the chunk.
+    tokens: Option<Tokens>,
+    token_count: usize,
+    cached: Option<ChunkRow>,
 }
 
 /// Messages chunked, embedded and written per wave: early commits, bounded memory.
 const WAVE_MESSAGES: usize = 512;
 
-/// Chunks and tokenises `wave`, taking what the cache has.
-fn prepare(
-    wave: Vec<(Message, String)>,
-    embedder: &Embedder,
-    cache: &Store,
-    namespace: &str,
-    chunking: ChunkParams,
-) -> Result<Vec<Pending>> {
-    let mut pending: Vec<Pending> = wave
-        .into_par_iter()
-        .map(|(message, fingerprint)| -> Result<Pending> {
-            let pieces = chunk::chunk(&message.text, chunking, embedder.tokenizer())?;
-            let chunks = pieces
-                .into_iter()
-                .map(|text| Ok((embedder.tokenizer().encode(&text)?, text, None)))
-                .collect::<Result<_>>()?;
-            Ok(Pending {
-                message,
-                fingerprint,
-                chunks,
-            })
-        })
-        .collect::<Result<_>>()?;
-    for p in &mut pending {
-        for (tokens, text, row) in &mut p.chunks {
-            *row = cache.cached(namespace, text, tokens.ids.len())?;
-        }
-    }
-    Ok(pending)
-}
-
 /// Length-sorted groups of about `GROUP_TOKENS` tokens.
 fn groups(mut pending: Vec<Pending>) -> Vec<Vec<Pending>> {
-    let size = |p: &Pending| p.chunks.iter().map(|c| c.0.ids.len()).sum::<usize>();
+    let size = |p: &Pending| p.chunks.iter().map(|c| c.token_count).sum::<usize>();
     pending.sort_by_key(|p| std::cmp::Reverse(size(p)));
     let mut groups: Vec<Vec<Pending>> = Vec::new();
     let mut tokens_in_group = usize::MAX;
@@ -322,126 +472,207 @@ fn groups(mut pending: Vec<Pending>) -> Vec<Vec<Pending>> {
     groups
 }
 
-/// Embeds what `group` lacks and assembles its rows.
-fn embed_group(
-    embedder: &Embedder,
-    outputs: Outputs,
-    group: Vec<Pending>,
-    report: &mut Report,
-) -> Result<Vec<MessageRow>> {
-    let missing: Vec<Tokens> = group
-        .iter()
-        .flat_map(|p| {
-            p.chunks
-                .iter()
-                .filter(|c| c.2.is_none())
-                .map(|c| c.0.clone())
-        })
-        .collect();
-    let mut embedded = embedder.embed_tokens(&missing, outputs)?.into_iter();
-    let mut rows = Vec::with_capacity(group.len());
-    for p in group {
-        let mut chunks = Vec::with_capacity(p.chunks.len());
-        for (tokens, text, cached) in p.chunks {
-            report.chunks += 1;
-            report.truncated_chunks += tokens.truncated as usize;
-            let row = match cached {
-                Some(row) => {
-                    report.cached_chunks += 1;
-                    row
-                }
-                None => {
-                    let e = embedded
-                        .next()
-                        .context("the model returned fewer embeddings than inputs")?;
-                    report.tokens += e.tokens;
-                    ChunkRow {
-                        text,
-                        tokens: e.tokens,
-                        dense: e.dense.unwrap_or_default(),
-                        sparse: e.sparse,
-                    }
-                }
-            };
-            chunks.push(row);
-        }
-        rows.push(MessageRow {
-            id: p.message.id,
-            session_id: p.message.session_id,
-            role: p.message.role,
-            timestamp: p.message.timestamp,
-            fingerprint: p.fingerprint,
-            chunks,
-        });
-    }
-    report.embedded_messages += rows.len();
-    Ok(rows)
+/// The embedding stage of one run: chunk, look up the cache, embed the
+/// rest with the chain, hand rows to the writer.
+struct Stage<'a> {
+    embedders: &'a Embedders<'a>,
+    chunker: Chunker<'a>,
+    /// The index builder's cache namespace: the cache is read under it.
+    namespace: &'a str,
+    sparse: bool,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn embed_messages(
-    embedder: &Embedder,
-    store: &mut Store,
-    profile: &str,
-    namespace: &str,
-    outputs: Outputs,
-    todo: Vec<(Message, String)>,
-    options: &IndexOptions,
-    progress: ProgressFn,
-    report: &mut Report,
-) -> Result<()> {
-    if todo.is_empty() {
-        return Ok(());
+impl Stage<'_> {
+    /// Chunks and tokenises `wave`, taking what the cache has.
+    fn prepare(
+        &self,
+        wave: Vec<(Message, String)>,
+        cache: &Store,
+        params: ChunkParams,
+    ) -> Result<Vec<Pending>> {
+        let mut pending: Vec<Pending> = wave
+            .into_par_iter()
+            .map(|(message, fingerprint)| -> Result<Pending> {
+                let chunks = self
+                    .chunker
+                    .chunk(&message.text, params)?
+                    .into_iter()
+                    .map(|text| {
+                        let tokens = match self.chunker {
+                            Chunker::Tokens(t) => Some(t.encode(&text)?),
+                            Chunker::Estimate => None,
+                        };
+                        let token_count = tokens.as_ref().map_or_else(
+                            || crate::provider::estimate_tokens(&text),
+                            |t| t.ids.len(),
+                        );
+                        Ok(PendingChunk {
+                            text,
+                            tokens,
+                            token_count,
+                            cached: None,
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                Ok(Pending {
+                    message,
+                    fingerprint,
+                    chunks,
+                })
+            })
+            .collect::<Result<_>>()?;
+        for p in &mut pending {
+            for c in &mut p.chunks {
+                c.cached = cache.cached(self.namespace, &c.text, c.token_count)?;
+            }
+        }
+        Ok(pending)
     }
-    let total = todo.len();
-    // Three stages run at once: a preparer chunks and tokenises the next
-    // wave (reading the cache through its own connection), this thread
-    // embeds, and a writer commits what was embedded.
-    let cache = Store::open(store.path())?;
-    let (group_tx, group_rx) = mpsc::sync_channel::<Vec<Pending>>(2);
-    let (row_tx, row_rx) = mpsc::sync_channel::<Vec<MessageRow>>(1);
-    std::thread::scope(|scope| -> Result<()> {
-        let preparer = scope.spawn(move || -> Result<()> {
-            let mut todo = todo.into_iter().peekable();
-            while todo.peek().is_some() {
-                let wave: Vec<_> = todo.by_ref().take(WAVE_MESSAGES).collect();
-                for group in groups(prepare(wave, embedder, &cache, namespace, options.chunk)?) {
-                    if group_tx.send(group).is_err() {
-                        return Ok(()); // the embedder stopped; its error is reported
+
+    /// Embeds what `group` lacks and assembles its rows, with the cache
+    /// namespace of the provider that embedded them.
+    fn embed_group(
+        &self,
+        group: Vec<Pending>,
+        report: &mut Report,
+    ) -> Result<(Vec<MessageRow>, String), Unavailable> {
+        let missing: Vec<Input> = group
+            .iter()
+            .flat_map(|p| p.chunks.iter().filter(|c| c.cached.is_none()))
+            .map(|c| Input {
+                text: &c.text,
+                tokens: c.tokens.as_ref(),
+            })
+            .collect();
+        let (vectors, by) = if missing.is_empty() {
+            (Vec::new(), None)
+        } else {
+            let (v, by) = self.embedders.embed(&missing, self.sparse)?;
+            *report.embedded_by.entry(by.clone()).or_default() += v.len();
+            (v, Some(by))
+        };
+        let namespace = match by.as_deref() {
+            Some(name) => self.embedders.namespace_of(name),
+            None => self.namespace.to_string(),
+        };
+        let mut embedded = vectors.into_iter();
+        let mut rows = Vec::with_capacity(group.len());
+        for p in group {
+            let mut chunks = Vec::with_capacity(p.chunks.len());
+            for c in p.chunks {
+                report.chunks += 1;
+                report.truncated_chunks += c.tokens.as_ref().is_some_and(|t| t.truncated) as usize;
+                let row = match c.cached {
+                    Some(row) => {
+                        report.cached_chunks += 1;
+                        row
+                    }
+                    None => {
+                        // `embed` checked there is one vector per input.
+                        let v = embedded.next().expect("one vector per input");
+                        report.tokens += v.tokens;
+                        ChunkRow {
+                            text: c.text,
+                            tokens: v.tokens,
+                            dense: v.dense,
+                            sparse: v.sparse,
+                        }
+                    }
+                };
+                chunks.push(row);
+            }
+            rows.push(MessageRow {
+                id: p.message.id,
+                session_id: p.message.session_id,
+                role: p.message.role,
+                timestamp: p.message.timestamp,
+                fingerprint: p.fingerprint,
+                chunks,
+            });
+        }
+        report.embedded_messages += rows.len();
+        Ok((rows, namespace))
+    }
+
+    /// Three stages at once: a preparer chunks and tokenises the next wave
+    /// (reading the cache through its own connection), this thread embeds,
+    /// and a writer commits what was embedded. When no provider can embed,
+    /// the run stops after committing what it has (`report.paused`).
+    fn run(
+        &self,
+        store: &mut Store,
+        profile: &str,
+        todo: Vec<(Message, String)>,
+        options: &IndexOptions,
+        progress: ProgressFn,
+        report: &mut Report,
+    ) -> Result<()> {
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let total = todo.len();
+        let cache = Store::open(store.path())?;
+        let (group_tx, group_rx) = mpsc::sync_channel::<Vec<Pending>>(2);
+        let (row_tx, row_rx) = mpsc::sync_channel::<(Vec<MessageRow>, String)>(1);
+        std::thread::scope(|scope| -> Result<()> {
+            let preparer = scope.spawn(move || -> Result<()> {
+                let mut todo = todo.into_iter().peekable();
+                while todo.peek().is_some() {
+                    let wave: Vec<_> = todo.by_ref().take(WAVE_MESSAGES).collect();
+                    for group in groups(self.prepare(wave, &cache, options.chunk)?) {
+                        if group_tx.send(group).is_err() {
+                            return Ok(()); // the embedder stopped; its error is reported
+                        }
                     }
                 }
-            }
-            Ok(())
-        });
-        let writer = scope.spawn(move || -> Result<()> {
-            for rows in row_rx {
-                store.put_messages(profile, namespace, &rows)?;
-            }
-            Ok(())
-        });
-        let mut done = 0;
-        let result = (|| -> Result<()> {
-            for group in group_rx {
-                let started = Instant::now();
-                let rows = embed_group(embedder, outputs, group, report)?;
-                report.embed_seconds += started.elapsed().as_secs_f64();
-                done += rows.len();
-                if row_tx.send(rows).is_err() {
-                    break; // the writer failed; its error is reported below
+                Ok(())
+            });
+            let writer = scope.spawn(move || -> Result<()> {
+                for (rows, namespace) in row_rx {
+                    store.put_messages(profile, &namespace, &rows)?;
                 }
-                progress(done, total, report.chunks, report.tokens);
-            }
-            Ok(())
-        })();
-        drop(row_tx);
-        let joined = |h: std::thread::ScopedJoinHandle<'_, Result<()>>, what: &str| {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("the index {what} thread panicked"))?
-        };
-        let prepared = joined(preparer, "preparer");
-        let written = joined(writer, "writer");
-        result.and(prepared).and(written)
-    })
+                Ok(())
+            });
+            let mut done = 0;
+            let result = (|| -> Result<()> {
+                for group in group_rx {
+                    let started = Instant::now();
+                    let size = group.len();
+                    let embedded = self.embed_group(group, report);
+                    report.embed_seconds += started.elapsed().as_secs_f64();
+                    let rows = match embedded {
+                        Ok(rows) => rows,
+                        Err(unavailable) => {
+                            if self.embedders.none_of_this_space() {
+                                return Err(anyhow::anyhow!(
+                                    "{unavailable}\nRun `recall index --rebuild` to re-embed everything with the current provider \
+                                     (the embedding cache keeps what was already computed for it)."
+                                ));
+                            }
+                            report.paused = Some(unavailable.to_string());
+                            report.pending_messages += total - done;
+                            break;
+                        }
+                    };
+                    done += size;
+                    if row_tx.send(rows).is_err() {
+                        break; // the writer failed; its error is reported below
+                    }
+                    progress(done, total, report.chunks, report.tokens);
+                }
+                Ok(())
+            })();
+            drop(row_tx);
+            let joined = |h: std::thread::ScopedJoinHandle<'_, Result<()>>, what: &str| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("the index {what} thread panicked"))?
+            };
+            // Dropping the receiver (by returning) stops the preparer.
+            let prepared = joined(preparer, "preparer");
+            let written = joined(writer, "writer");
+            result.and(prepared).and(written)
+        })
+    }
 }
 
 /// The default index location: `$HERMES_HOME/recall/index.db`.

@@ -26,8 +26,13 @@ const LAYOUT_VERSION: i64 = 2;
 /// What the vectors in an index are: never mix two of these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
+    /// The kind of provider that built the index (`local`, `ollama`, `openai`).
     pub provider: String,
     pub model: String,
+    /// The model family (see `provider::family_of`); older indexes lack it
+    /// and take it from `model`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub family: String,
     pub revision: String,
     /// Size of the weights file: a changed file under the same name is another model.
     pub weights_bytes: u64,
@@ -39,6 +44,30 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The vector space: what another provider must match to write into or search the index.
+    pub fn space(&self) -> crate::provider::Space {
+        crate::provider::Space {
+            family: if self.family.is_empty() {
+                crate::provider::family_of(&self.model)
+            } else {
+                self.family.clone()
+            },
+            dimension: self.dimension,
+            normalized: self.normalized,
+        }
+    }
+
+    /// Whether vectors made under `other` may join an index bound to `self`:
+    /// the same space and chunking, and, from the same kind of provider, the
+    /// very same local model (changed weights are another model, whatever their name).
+    pub fn accepts(&self, other: &Identity) -> bool {
+        let both_local = self.provider == "local" && other.provider == "local";
+        self.space() == other.space()
+            && self.chunk_tokens == other.chunk_tokens
+            && self.chunk_overlap == other.chunk_overlap
+            && (!both_local || self.embedding_key() == other.embedding_key())
+    }
+
     /// The part that decides the vectors (not the chunking): the embedding cache's namespace.
     pub fn embedding_key(&self) -> String {
         format!(
@@ -57,6 +86,7 @@ impl Identity {
         };
         cmp("provider", self.provider.clone(), other.provider.clone());
         cmp("model", self.model.clone(), other.model.clone());
+        cmp("model family", self.space().family, other.space().family);
         cmp("revision", self.revision.clone(), other.revision.clone());
         cmp(
             "weights size",
@@ -365,7 +395,7 @@ impl Store {
             .transpose()
             .context("the index's identity record is damaged")?;
         match existing {
-            Some(existing) if existing == *identity && !rebuild => return Ok(()),
+            Some(existing) if existing.accepts(identity) && !rebuild => return Ok(()),
             Some(existing) if !rebuild => {
                 bail!(
                     "the index {} was built with another embedding setup, and vectors of two models are never mixed:\n  {}\n\
@@ -538,6 +568,22 @@ impl Store {
             dense: blob_f32(&dense),
             sparse: sparse.as_deref().map(blob_sparse),
         }))
+    }
+
+    /// Up to `n` stored passages with their vectors (the oldest): what
+    /// another provider must reproduce before it may write into the index.
+    pub fn sample_vectors(&self, n: usize) -> Result<Vec<(String, Vec<f32>)>> {
+        if self.identity()?.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self.conn.prepare(
+            "SELECT c.text, v.embedding FROM chunks c JOIN chunks_vec v ON v.chunk_id = c.id
+             ORDER BY c.id LIMIT ?",
+        )?;
+        let rows = stmt.query_map([n as i64], |r| {
+            Ok((r.get::<_, String>(0)?, blob_f32(&r.get::<_, Vec<u8>>(1)?)))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     pub fn count(&self, sql: &str) -> Result<i64> {

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::embedder::{Embedder, Outputs};
 use crate::index::store::{Identity, Store};
+use crate::provider::Provider;
 use crate::score;
 
 /// Reciprocal rank fusion's constant.
@@ -139,11 +140,12 @@ struct Chunk {
     hidden: bool,
 }
 
-/// Searches `store` for `query`. `embedder` must be the model the index was
-/// built with; without one, the search is keyword-only and says so.
+/// Searches `store` for `query`. `provider` must give vectors of the
+/// index's space (see `query_provider`); without one, the search is
+/// keyword-only and says so.
 pub fn search(
     store: &Store,
-    embedder: Option<&Embedder>,
+    provider: Option<&dyn Provider>,
     query: &str,
     options: &SearchOptions,
 ) -> Result<(Vec<SessionHit>, SearchInfo)> {
@@ -159,16 +161,17 @@ pub fn search(
         .context("the index is empty: run `recall index` first")?;
     let pool = (options.limit * 40).clamp(100, 1000);
 
-    let embedded = match embedder.filter(|_| options.signals != Signals::Keyword) {
-        Some(e) => {
-            check_model(e, &identity)?;
+    let embedded = match provider.filter(|_| options.signals != Signals::Keyword) {
+        Some(p) => {
+            check_model(p, &identity)?;
             // Everything the query needs, in one pass: dense, sparse, and ColBERT for --rerank.
+            let local = p.local();
             let outputs = Outputs {
                 dense: true,
-                sparse: identity.sparse,
+                sparse: identity.sparse && local.as_ref().is_some_and(|e| e.info().sparse),
                 colbert: options.rerank,
             };
-            Some(embed_query(e, query, outputs)?)
+            Some(embed_query(p, query, outputs)?)
         }
         None => None,
     };
@@ -262,7 +265,9 @@ pub fn search(
     kept.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.id.cmp(&b.0.id)));
 
     if options.rerank {
-        let embedder = embedder.context("--rerank needs the model")?;
+        let embedder = provider
+            .and_then(|p| p.local())
+            .context("--rerank needs recall's own model (ColBERT vectors)")?;
         let q = embedded
             .as_ref()
             .and_then(|e| e.colbert.as_ref())
@@ -295,23 +300,48 @@ pub fn search(
     ))
 }
 
-/// The model must be the one the vectors came from.
-fn check_model(embedder: &Embedder, identity: &Identity) -> Result<()> {
-    let now = crate::index::identity(
-        embedder,
-        crate::index::chunk::ChunkParams {
-            window: identity.chunk_tokens,
-            overlap: identity.chunk_overlap,
-        },
-    );
-    if now.embedding_key() != identity.embedding_key() {
+/// The query's vector must be of the space the index's vectors are in.
+fn check_model(provider: &dyn Provider, identity: &Identity) -> Result<()> {
+    let mut now = provider.identity()?;
+    now.chunk_tokens = identity.chunk_tokens;
+    now.chunk_overlap = identity.chunk_overlap;
+    if !identity.accepts(&now) {
         bail!(
             "the index was built with another model, so its vectors cannot be compared with this query's:\n  {}\n\
-             Search with that model (--model), or run `recall index --rebuild` with this one.",
+             Search with that model (--model, --provider), or run `recall index --rebuild` with this one.",
             identity.differences(&now).join("\n  ")
         );
     }
     Ok(())
+}
+
+/// The first provider of `chain` that can embed queries for the index
+/// bound to `identity`, or why none can (search is then keyword-only).
+pub fn query_provider(
+    chain: &crate::provider::Chain,
+    identity: &Identity,
+) -> Result<std::sync::Arc<dyn Provider>, crate::provider::Unavailable> {
+    let mut reasons = Vec::new();
+    for p in chain.providers() {
+        match p.identity() {
+            Ok(mut now) => {
+                now.chunk_tokens = identity.chunk_tokens;
+                now.chunk_overlap = identity.chunk_overlap;
+                if identity.accepts(&now) {
+                    return Ok(p.clone());
+                }
+                reasons.push((
+                    p.name().to_string(),
+                    format!("another model or vector space ({})", now.space()),
+                ));
+            }
+            Err(e) => reasons.push((p.name().to_string(), format!("{e:#}"))),
+        }
+    }
+    Err(crate::provider::Unavailable {
+        space: Some(identity.space()),
+        reasons,
+    })
 }
 
 fn dense_candidates(
@@ -501,10 +531,10 @@ fn rerank(
 /// Recent query embeddings: an agent often asks the same thing again.
 const QUERY_CACHE_SIZE: usize = 64;
 
-type QueryKey = (std::path::PathBuf, String, Outputs);
+type QueryKey = (String, String, Outputs);
 
 fn embed_query(
-    embedder: &Embedder,
+    provider: &dyn Provider,
     query: &str,
     outputs: Outputs,
 ) -> Result<crate::embedder::Embedding> {
@@ -512,15 +542,15 @@ fn embed_query(
     use std::sync::Mutex;
     static CACHE: Mutex<VecDeque<(QueryKey, crate::embedder::Embedding)>> =
         Mutex::new(VecDeque::new());
-    embedder.check_outputs(outputs)?;
-    let key: QueryKey = (embedder.info().dir.clone(), query.to_string(), outputs);
+    let key: QueryKey = (
+        provider.identity()?.embedding_key(),
+        query.to_string(),
+        outputs,
+    );
     if let Some((_, hit)) = CACHE.lock().unwrap().iter().find(|(k, _)| *k == key) {
         return Ok(hit.clone());
     }
-    let e = embedder
-        .embed(&[query], outputs)?
-        .pop()
-        .context("the model returned no embedding for the query")?;
+    let e = provider.embed_query(query, outputs)?;
     let mut cache = CACHE.lock().unwrap();
     if cache.len() == QUERY_CACHE_SIZE {
         cache.pop_front();

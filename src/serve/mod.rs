@@ -488,8 +488,12 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
                             eprintln!("recall serve: {line}");
                         }
                     };
+                    // The server's own model indexes: the one it loaded.
+                    let chain = crate::provider::Chain::new(vec![Arc::new(
+                        crate::provider::local::Local::from_embedder("local", None, embedder),
+                    )]);
                     crate::watch::watch(
-                        &embedder,
+                        &chain,
                         &index,
                         &job.profiles,
                         &job.options,

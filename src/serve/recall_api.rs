@@ -117,12 +117,13 @@ async fn search_sessions(State(state): State<Shared>, body: Bytes) -> Response {
                 format!("no index at {}: run `recall index` first", path.display()),
             ));
         }
-        let embedder = state.embedder.clone();
+        let provider =
+            crate::provider::local::Local::from_embedder("local", None, state.embedder.clone());
         let query = request.query;
         // SQLite and the query's embedding are blocking work.
         let (hits, info) = tokio::task::spawn_blocking(move || {
             let store = Store::open_existing(&path)?;
-            search::search(&store, Some(&embedder), &query, &options)
+            search::search(&store, Some(&provider), &query, &options)
         })
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?

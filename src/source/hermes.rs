@@ -168,6 +168,20 @@ impl StateDb {
         })
     }
 
+    /// Hermes's `schema_version`, when the database records one.
+    pub fn schema_version(&self) -> Option<i64> {
+        self.conn
+            .query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))
+            .ok()
+            .flatten()
+    }
+
+    pub fn message_count(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?)
+    }
+
     pub fn sessions(&self) -> Result<HashMap<String, Session>> {
         let col = |c: &str| {
             if self.session_cols.contains(c) {

@@ -1,0 +1,235 @@
+//! `recall doctor`: what recall finds on this machine, and what to do about
+//! each problem. Reads only; changes nothing.
+
+use anyhow::Result;
+use clap::Args;
+use recall::index::store::Store;
+use recall::source::hermes::StateDb;
+
+use super::index::HermesArgs;
+use super::{ModelArgs, ProviderArgs};
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    hermes: HermesArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    providers: ProviderArgs,
+}
+
+#[derive(Default)]
+struct Report {
+    problems: usize,
+}
+
+impl Report {
+    fn ok(&self, what: &str, detail: String) {
+        println!("ok    {what}: {detail}");
+    }
+
+    fn warn(&mut self, what: &str, detail: String, fix: &str) {
+        println!("warn  {what}: {detail}\n      → {fix}");
+    }
+
+    fn fail(&mut self, what: &str, detail: String, fix: &str) {
+        self.problems += 1;
+        println!("FAIL  {what}: {detail}\n      → {fix}");
+    }
+}
+
+pub fn run(args: DoctorArgs) -> Result<()> {
+    let mut r = Report::default();
+
+    // Hermes.
+    let profiles = match args.hermes.home() {
+        Ok(home) if home.is_dir() => match args.hermes.profiles_even_missing() {
+            Ok(p) => p,
+            Err(e) => {
+                r.fail(
+                    "hermes",
+                    format!("{e:#}"),
+                    "check --hermes-home / HERMES_HOME",
+                );
+                Vec::new()
+            }
+        },
+        Ok(home) => {
+            r.fail(
+                "hermes",
+                format!("no Hermes home at {}", home.display()),
+                "install Hermes, or point HERMES_HOME / --hermes-home at its directory",
+            );
+            Vec::new()
+        }
+        Err(e) => {
+            r.fail(
+                "hermes",
+                format!("{e:#}"),
+                "set HERMES_HOME or pass --hermes-home",
+            );
+            Vec::new()
+        }
+    };
+    for p in &profiles {
+        let what = format!("hermes profile {}", p.name);
+        match StateDb::open(&p.state_db()) {
+            Ok(db) => r.ok(
+                &what,
+                format!(
+                    "{} (schema v{}, {} messages)",
+                    p.state_db().display(),
+                    db.schema_version().map_or("?".into(), |v| v.to_string()),
+                    db.message_count()?
+                ),
+            ),
+            Err(e) => r.fail(
+                &what,
+                format!("{e:#}"),
+                "start Hermes once so that it creates state.db",
+            ),
+        }
+    }
+
+    // The index.
+    let index_path = args.hermes.index_path()?;
+    let mut identity = None;
+    let mut remembered = None;
+    if !index_path.is_file() {
+        r.fail(
+            "index",
+            format!("none at {}", index_path.display()),
+            "run `recall index` (or `recall hermes install`, which also adds the Hermes tool)",
+        );
+    } else {
+        match Store::open_existing(&index_path) {
+            Ok(store) => {
+                identity = store.identity()?;
+                remembered = store.model_dir()?;
+                let chunks = store.count("SELECT COUNT(*) FROM chunks")?;
+                let existing: Vec<_> = profiles.iter().filter(|p| p.state_db().is_file()).cloned().collect();
+                let lag = recall::index::lag(&store, &existing, &args.hermes.selection()?).unwrap_or(0);
+                let space = identity
+                    .as_ref()
+                    .map_or("no model yet".into(), |i| format!("{}, built by {} {}", i.space(), i.provider, i.model));
+                let detail = format!("{} ({chunks} chunks; {space})", index_path.display());
+                if lag > 0 {
+                    r.warn(
+                        "index",
+                        format!("{detail}; {lag} messages behind Hermes"),
+                        "run `recall index`, or keep `recall watch` / `recall serve --watch` running",
+                    );
+                } else {
+                    r.ok("index", format!("{detail}; up to date"));
+                }
+            }
+            Err(e) => r.fail(
+                "index",
+                format!("{e:#}"),
+                "move the file aside and run `recall index` (it is rebuilt from Hermes; nothing of Hermes is lost)",
+            ),
+        }
+    }
+
+    // The local model.
+    use recall::model::locate;
+    match locate::locate(args.model.named_dir().as_deref()) {
+        Ok(located) => match super::model::manifest_of(&located) {
+            Ok(Some(manifest)) => match manifest.verify(&located.dir) {
+                Ok(wrong) if wrong.is_empty() => r.ok(
+                    "model",
+                    format!("{} ({} files match their manifest)", located.dir.display(), manifest.files.len()),
+                ),
+                Ok(wrong) => r.fail(
+                    "model",
+                    format!(
+                        "{}: {}",
+                        located.dir.display(),
+                        wrong.iter().map(|w| format!("{} {}", w.path, w.problem)).collect::<Vec<_>>().join("; ")
+                    ),
+                    "delete the wrong files and run `recall model fetch` (or import a good copy)",
+                ),
+                Err(e) => r.fail("model", format!("{e:#}"), "run `recall model verify` for details"),
+            },
+            Ok(None) => r.ok("model", format!("{} (no manifest recorded to check against)", located.dir.display())),
+            Err(e) => r.warn("model", format!("{e:#}"), "run `recall model verify`"),
+        },
+        Err(e) => r.warn(
+            "model",
+            format!("{e:#}"),
+            "run `recall model fetch` (2.3 GB), or use a provider that needs none: `--provider ollama`",
+        ),
+    }
+
+    // Providers.
+    match super::providers::survey(&args.providers, &args.model, identity.as_ref(), remembered) {
+        Ok(survey) => {
+            let rows = survey["providers"].as_array().cloned().unwrap_or_default();
+            for p in &rows {
+                let what = format!("provider {}", p["name"].as_str().unwrap_or("?"));
+                let model = p["model"].as_str().unwrap_or("?");
+                if p["ok"] == true {
+                    if p["fits_index"] == false {
+                        r.warn(
+                            &what,
+                            format!("{model}: another vector space than the index's"),
+                            "it cannot write into or search this index; `recall index --rebuild --provider NAME` moves the index to it",
+                        );
+                    } else {
+                        r.ok(&what, format!("{model} ({} ms)", p["checked_ms"]));
+                    }
+                } else {
+                    r.warn(
+                        &what,
+                        format!("{model}: {}", p["error"].as_str().unwrap_or("?")),
+                        "see `recall providers`",
+                    );
+                }
+            }
+            let usable = rows
+                .iter()
+                .any(|p| p["ok"] == true && p["fits_index"] != false);
+            if !usable {
+                r.fail(
+                    "providers",
+                    "none of the chain can embed for this index: indexing pauses and search is keyword-only".into(),
+                    "start one (e.g. `ollama serve`), fetch the model (`recall model fetch`), or fix config.toml",
+                );
+            }
+        }
+        Err(e) => r.fail("providers", format!("{e:#}"), "fix the configuration file"),
+    }
+
+    // The Hermes plugin and the server.
+    if let Ok(home) = args.hermes.home() {
+        let profile = args
+            .hermes
+            .profile_name()
+            .unwrap_or_else(|| "default".into());
+        let profile_home = recall::hermes_plugin::profile_home(&home, &profile);
+        match recall::hermes_plugin::installed(&profile_home) {
+            (false, _, _) => r.warn(
+                "plugin",
+                "not installed: Hermes's agent cannot search by meaning".into(),
+                "run `recall hermes install`",
+            ),
+            (true, false, _) => r.warn(
+                "plugin",
+                "from another recall version".into(),
+                "run `recall hermes install` again",
+            ),
+            (true, true, false) => r.warn(
+                "plugin",
+                "installed, not enabled".into(),
+                "run `recall hermes install` again",
+            ),
+            (true, true, true) => r.ok("plugin", "installed and enabled".into()),
+        }
+    }
+    if r.problems > 0 {
+        anyhow::bail!("{} problem(s) found", r.problems);
+    }
+    println!("no problems found");
+    Ok(())
+}

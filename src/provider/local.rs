@@ -1,0 +1,175 @@
+//! recall's own engine as a provider. The model is loaded on first use, so
+//! a chain that never needs it never pays for it.
+
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Result, anyhow};
+
+use super::{Input, Kind, Provider, Vector, family_of};
+use crate::embedder::{Embedder, Outputs};
+use crate::index::store::Identity;
+
+type Loader = Box<dyn Fn() -> Result<Embedder> + Send + Sync>;
+
+pub struct Local {
+    name: String,
+    family: Option<String>,
+    loader: Option<Loader>,
+    loaded: OnceLock<Result<Arc<Embedder>, String>>,
+}
+
+impl Local {
+    /// A provider that loads its model with `loader` when first asked.
+    pub fn new(name: &str, family: Option<String>, loader: Loader) -> Self {
+        Self {
+            name: name.to_string(),
+            family,
+            loader: Some(loader),
+            loaded: OnceLock::new(),
+        }
+    }
+
+    /// A provider over a model already loaded.
+    pub fn from_embedder(name: &str, family: Option<String>, embedder: Arc<Embedder>) -> Self {
+        let loaded = OnceLock::new();
+        let _ = loaded.set(Ok(embedder));
+        Self {
+            name: name.to_string(),
+            family,
+            loader: None,
+            loaded,
+        }
+    }
+
+    pub fn embedder(&self) -> Result<&Embedder> {
+        self.loaded
+            .get_or_init(|| match &self.loader {
+                Some(load) => load().map(Arc::new).map_err(|e| format!("{e:#}")),
+                None => Err("no model".into()),
+            })
+            .as_deref()
+            .map_err(|e| anyhow!("{e}"))
+    }
+}
+
+/// The identity of `embedder`'s vectors (chunking left to the index).
+pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
+    let info = embedder.info();
+    let dir_name = info
+        .dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // A hub snapshot is named by its revision; its repository is two levels up.
+    let (model, revision) = match info
+        .dir
+        .parent()
+        .and_then(|p| p.parent())
+        .and_then(|p| p.file_name())
+    {
+        Some(repo) if repo.to_string_lossy().starts_with("models--") => (
+            repo.to_string_lossy()
+                .trim_start_matches("models--")
+                .replace("--", "/"),
+            dir_name,
+        ),
+        _ => (dir_name, "local".to_string()),
+    };
+    Identity {
+        provider: Kind::Local.as_str().into(),
+        family: family.map_or_else(|| family_of(&model), str::to_string),
+        model,
+        revision,
+        weights_bytes: std::fs::metadata(&info.weights)
+            .map(|m| m.len())
+            .unwrap_or(0),
+        dimension: info.dense_dim,
+        normalized: info.normalize,
+        sparse: info.sparse,
+        chunk_tokens: 0,
+        chunk_overlap: 0,
+    }
+}
+
+impl Provider for Local {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Local
+    }
+
+    fn describe(&self) -> String {
+        match self.loaded.get() {
+            Some(Ok(e)) => e.describe(),
+            _ => "recall's engine".into(),
+        }
+    }
+
+    fn identity(&self) -> Result<Identity> {
+        Ok(identity_of(self.embedder()?, self.family.as_deref()))
+    }
+
+    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>> {
+        Provider::embed(self.embedder()?, inputs, sparse)
+    }
+
+    fn local(&self) -> Option<&Embedder> {
+        self.embedder().ok()
+    }
+}
+
+/// A loaded model is a provider too (named `local`, its family from its name).
+impl Provider for Embedder {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Local
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (recall's engine)", self.info().dir.display())
+    }
+
+    fn identity(&self) -> Result<Identity> {
+        Ok(identity_of(self, None))
+    }
+
+    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>> {
+        let tokens = inputs
+            .iter()
+            .map(|i| match i.tokens {
+                Some(t) => Ok(t.clone()),
+                None => self.tokenizer().encode(i.text),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = Outputs {
+            dense: true,
+            sparse: sparse && self.info().sparse,
+            colbert: false,
+        };
+        let embedded = self.embed_tokens(&tokens, outputs)?;
+        if embedded.len() != inputs.len() {
+            return Err(anyhow!(
+                "the model returned {} embeddings for {} inputs",
+                embedded.len(),
+                inputs.len()
+            ));
+        }
+        Ok(embedded
+            .into_iter()
+            .map(|e| Vector {
+                dense: e.dense.unwrap_or_default(),
+                sparse: e.sparse,
+                tokens: e.tokens,
+            })
+            .collect())
+    }
+
+    fn local(&self) -> Option<&Embedder> {
+        Some(self)
+    }
+}

@@ -1,0 +1,276 @@
+//! Where vectors come from: recall's own engine (`local`), an Ollama server
+//! (`ollama`) or any OpenAI-compatible `/embeddings` endpoint (`openai`:
+//! Volcano Ark, OpenAI, another recall), behind one trait.
+//!
+//! The rule that keeps an index sound: every provider says which vector
+//! space its vectors live in ([`Space`]: model family, dimension,
+//! normalisation), an index is bound to one space, and a [`Chain`] only ever
+//! falls back to providers of that space.
+
+pub mod config;
+pub mod http;
+pub mod local;
+pub mod ollama;
+pub mod openai;
+pub mod remote;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Result, anyhow};
+use serde::{Deserialize, Serialize};
+
+use crate::embedder::{Embedder, Embedding, Outputs};
+use crate::index::store::Identity;
+use crate::tokenize::Tokens;
+
+pub use config::{Config, ProviderConfig};
+
+/// What a vector means. Two providers of one space give interchangeable vectors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Space {
+    /// The model family: `bge-m3` for BAAI/bge-m3 and Ollama's `bge-m3:latest` alike.
+    pub family: String,
+    pub dimension: usize,
+    pub normalized: bool,
+}
+
+impl std::fmt::Display for Space {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, {} dims", self.family, self.dimension)?;
+        if !self.normalized {
+            write!(f, ", not normalised")?;
+        }
+        Ok(())
+    }
+}
+
+/// The family a model name belongs to: `BAAI/bge-m3` and `bge-m3:latest` are both `bge-m3`.
+pub fn family_of(model: &str) -> String {
+    let name = model.trim().trim_end_matches('/');
+    let name = name.rsplit('/').next().unwrap_or(name);
+    let name = name.split(':').next().unwrap_or(name);
+    name.to_ascii_lowercase()
+}
+
+/// The mean cosine that a sample of an index's stored vectors must reach
+/// when re-embedded by another provider before it may write into the index.
+/// Same-model providers agree far above it (recall serve: 1.0; f16 weights,
+/// as Ollama runs them: above 0.999); another model of the same width falls
+/// far below.
+pub const SAME_SPACE_COSINE: f32 = 0.99;
+
+/// The kind of a provider, as written in the configuration (`type = ...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Local,
+    Ollama,
+    Openai,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Local => "local",
+            Kind::Ollama => "ollama",
+            Kind::Openai => "openai",
+        }
+    }
+}
+
+/// One input of a batch: its text, and its token ids when recall's own
+/// tokenizer cut the chunk (the local engine then skips tokenising again).
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    pub text: &'a str,
+    pub tokens: Option<&'a Tokens>,
+}
+
+/// One embedded input.
+#[derive(Debug, Clone)]
+pub struct Vector {
+    pub dense: Vec<f32>,
+    /// BGE-M3's lexical weights (local engine only).
+    pub sparse: Option<BTreeMap<u32, f32>>,
+    /// Tokens the provider saw, when it says (else recall's estimate).
+    pub tokens: usize,
+}
+
+/// A source of embeddings.
+pub trait Provider: Send + Sync {
+    /// The name in the configuration (`local`, `ollama`, `ark`, ...).
+    fn name(&self) -> &str;
+    fn kind(&self) -> Kind;
+    /// What `recall providers` shows: the model, and where it runs.
+    fn describe(&self) -> String;
+    /// The identity of this provider's vectors, for binding an index and the
+    /// embedding cache. Loads the model or contacts the server when needed:
+    /// an error means the provider is unavailable now.
+    fn identity(&self) -> Result<Identity>;
+    /// Embeds `inputs` (dense, plus sparse weights when `sparse` and the
+    /// provider has them). Exactly one vector per input, or an error.
+    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>>;
+    /// recall's own engine, for what only it gives (ColBERT, sparse queries, token ids).
+    fn local(&self) -> Option<&Embedder> {
+        None
+    }
+
+    /// The query's embedding with `outputs` (ColBERT and sparse from the local engine only).
+    fn embed_query(&self, query: &str, outputs: Outputs) -> Result<Embedding> {
+        if let Some(local) = self.local() {
+            local.check_outputs(outputs)?;
+            return local
+                .embed(&[query], outputs)?
+                .pop()
+                .ok_or_else(|| anyhow!("the model returned no embedding for the query"));
+        }
+        let v = self
+            .embed(
+                &[Input {
+                    text: query,
+                    tokens: None,
+                }],
+                false,
+            )?
+            .pop()
+            .ok_or_else(|| anyhow!("{} returned no embedding for the query", self.name()))?;
+        Ok(Embedding {
+            dense: Some(v.dense),
+            sparse: None,
+            colbert: None,
+            tokens: v.tokens,
+            truncated: false,
+        })
+    }
+}
+
+/// Checks a provider's answer before anything is stored: one finite vector
+/// of the expected dimension per input. Vectors are L2-normalised (cosine is
+/// what every provider's vectors are compared by).
+pub fn check_vectors(
+    provider: &str,
+    inputs: usize,
+    dimension: Option<usize>,
+    vectors: Vec<Vec<f32>>,
+) -> Result<Vec<Vec<f32>>> {
+    if vectors.len() != inputs {
+        return Err(anyhow!(
+            "{provider} returned {} vectors for {inputs} inputs",
+            vectors.len()
+        ));
+    }
+    // Without an expected width, all must agree with the widest (a vector cut short shows).
+    let width = dimension.unwrap_or_else(|| vectors.iter().map(Vec::len).max().unwrap_or(0));
+    vectors
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut v)| {
+            if v.len() != width || width == 0 {
+                return Err(anyhow!(
+                    "{provider} returned a vector of {} dimensions for input {i}, expected {width}",
+                    v.len()
+                ));
+            }
+            if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
+                return Err(anyhow!(
+                    "{provider} returned a non-finite value ({bad}) in the vector of input {i}"
+                ));
+            }
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if norm == 0.0 {
+                return Err(anyhow!(
+                    "{provider} returned an all-zero vector for input {i}"
+                ));
+            }
+            v.iter_mut().for_each(|x| *x /= norm);
+            Ok(v)
+        })
+        .collect()
+}
+
+/// A rough token count for providers whose tokenizer recall lacks: CJK
+/// characters count one each, other text one per three characters (more
+/// than real tokenizers give, so chunks stay under the window).
+pub fn estimate_tokens(text: &str) -> usize {
+    let mut tokens = 0usize;
+    let mut other = 0usize;
+    for c in text.chars() {
+        if is_cjk(c) {
+            tokens += 1;
+        } else if !c.is_whitespace() {
+            other += 1;
+        }
+    }
+    tokens + other.div_ceil(3) + 2
+}
+
+pub fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x1100..=0x11FF | 0x2E80..=0x9FFF | 0xA960..=0xA97F | 0xAC00..=0xD7FF
+        | 0xF900..=0xFAFF | 0xFF00..=0xFFEF | 0x20000..=0x3FFFF)
+}
+
+/// Providers in the order they are tried.
+pub struct Chain {
+    providers: Vec<Arc<dyn Provider>>,
+}
+
+/// Why the chain could not embed: each provider's reason.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    pub space: Option<Space>,
+    pub reasons: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.space {
+            Some(space) => write!(
+                f,
+                "no embedding provider of the index's space ({space}) is available"
+            )?,
+            None => write!(f, "no embedding provider is available")?,
+        }
+        for (name, reason) in &self.reasons {
+            write!(f, "\n  {name}: {reason}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+impl Chain {
+    pub fn new(providers: Vec<Arc<dyn Provider>>) -> Self {
+        Self { providers }
+    }
+
+    pub fn providers(&self) -> &[Arc<dyn Provider>] {
+        &self.providers
+    }
+
+    /// The first local engine in the chain that loads: its tokenizer cuts
+    /// chunks, whichever provider embeds them.
+    pub fn local(&self) -> Option<&Embedder> {
+        self.providers
+            .iter()
+            .filter(|p| p.kind() == Kind::Local)
+            .find_map(|p| p.local())
+    }
+
+    /// The first provider that is available, with its identity (for a new index).
+    pub fn first_available(&self) -> Result<(Arc<dyn Provider>, Identity), Unavailable> {
+        let mut reasons = Vec::new();
+        for p in &self.providers {
+            match p.identity() {
+                Ok(identity) => return Ok((p.clone(), identity)),
+                Err(e) => reasons.push((p.name().to_string(), format!("{e:#}"))),
+            }
+        }
+        Err(Unavailable {
+            space: None,
+            reasons,
+        })
+    }
+}
