@@ -132,9 +132,21 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         }
     }
 
-    // The local model.
+    // The local model: the one the local provider would load.
     use recall::model::locate;
-    match locate::locate(args.model.named_dir().as_deref()) {
+    let configured = args
+        .providers
+        .config()
+        .ok()
+        .and_then(|c| c.provider("local").ok())
+        .and_then(|p| p.model)
+        .map(std::path::PathBuf::from);
+    let model_dir = args
+        .model
+        .named_dir()
+        .or(configured)
+        .or(remembered.clone().filter(|d| d.join("config.json").is_file()));
+    match locate::locate(model_dir.as_deref()) {
         Ok(located) => match super::model::manifest_of(&located) {
             Ok(Some(manifest)) => match manifest.verify(&located.dir) {
                 Ok(wrong) if wrong.is_empty() => r.ok(

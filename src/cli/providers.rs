@@ -38,13 +38,13 @@ pub fn survey(
     for p in chain.providers() {
         let started = Instant::now();
         let identity = p.identity();
-        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let ms = started.elapsed().as_millis() as u64;
         let mut row = json!({
             "name": p.name(),
             "type": p.kind().as_str(),
             "model": p.describe(),
             "ok": identity.is_ok(),
-            "checked_ms": ms.round(),
+            "checked_ms": ms,
         });
         match identity {
             Ok(mut id) => {

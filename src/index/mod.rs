@@ -183,6 +183,7 @@ pub fn run(
         );
     }
     let embedders = Embedders::new(chain, &bound, store)?;
+    embedders.refuse_if_none_fits()?;
     if let Some(e) = local
         .as_ref()
         .filter(|_| embedders.usable().iter().any(|p| p.local().is_some()))
@@ -309,18 +310,19 @@ impl<'a> Embedders<'a> {
         identity.chunk_tokens = self.bound.chunk_tokens;
         identity.chunk_overlap = self.bound.chunk_overlap;
         let verdict = if !self.bound.accepts(&identity) {
-            Some(if identity.space() == self.bound.space() {
-                format!(
-                    "another model of the same name ({} {}, the index has {} {})",
-                    identity.model, identity.revision, self.bound.model, self.bound.revision
-                )
+            let what = if identity.space() == self.bound.space() {
+                "another model of the same name".to_string()
             } else {
                 format!(
-                    "another vector space ({}; the index is {}): usable only for a new index (`recall index --rebuild`)",
+                    "another vector space ({}; the index is {})",
                     identity.space(),
                     self.bound.space()
                 )
-            })
+            };
+            Some(format!(
+                "{what}, and vectors of two models are never mixed in one index:\n    {}",
+                self.bound.differences(&identity).join("\n    ")
+            ))
         } else if identity.embedding_key() != self.bound.embedding_key() {
             // Same name, same width, another provider: check that it really
             // gives the vectors the index holds.
@@ -410,6 +412,28 @@ impl<'a> Embedders<'a> {
             .find(|p| p.name() == name)
             .and_then(|p| p.identity().ok())
             .map_or_else(|| self.bound.embedding_key(), |i| i.embedding_key())
+    }
+
+    /// Fails, naming each provider's difference, when no provider of the
+    /// chain could ever write into this index (all of another space or model).
+    pub fn refuse_if_none_fits(&self) -> Result<()> {
+        let reasons: Vec<(String, String)> = self
+            .chain
+            .providers()
+            .iter()
+            .filter_map(|p| self.may_write(p.as_ref()).err().map(|why| (p.name().to_string(), why)))
+            .collect();
+        if self.none_of_this_space() {
+            bail!(
+                "{}\nRun `recall index --rebuild` to re-embed everything with the current provider \
+                 (the embedding cache keeps what was already computed for it).",
+                Unavailable {
+                    space: Some(self.bound.space()),
+                    reasons,
+                }
+            );
+        }
+        Ok(())
     }
 
     /// Whether no provider of the chain could ever write into this index (all of another space).
@@ -643,12 +667,7 @@ impl Stage<'_> {
                     let rows = match embedded {
                         Ok(rows) => rows,
                         Err(unavailable) => {
-                            if self.embedders.none_of_this_space() {
-                                return Err(anyhow::anyhow!(
-                                    "{unavailable}\nRun `recall index --rebuild` to re-embed everything with the current provider \
-                                     (the embedding cache keeps what was already computed for it)."
-                                ));
-                            }
+                            self.embedders.refuse_if_none_fits()?;
                             report.paused = Some(unavailable.to_string());
                             report.pending_messages += total - done;
                             break;
