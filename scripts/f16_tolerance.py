@@ -31,7 +31,8 @@ TEXTS = [
 def embed(model, tok, pooling):
     out = []
     for text in TEXTS:
-        batch = tok(text, return_tensors="pt", truncation=True, max_length=512)
+        limit = min(512, model.config.max_position_embeddings - 2)
+        batch = tok(text, return_tensors="pt", truncation=True, max_length=limit)
         with torch.no_grad():
             h = model(**batch).last_hidden_state.float()[0]
         v = h[0] if pooling == "cls" else h.mean(0)

@@ -60,10 +60,9 @@ impl Event<'_> {
     pub fn describe(&self) -> Option<String> {
         match self {
             Event::Indexed(r) if r.paused.is_some() => Some(format!(
-                "indexing paused, {} messages wait: {} (retrying every {} s and on each change)",
+                "indexing paused, {} messages wait: {} (retrying soon, and on each change)",
                 r.pending_messages,
                 r.paused.as_deref().unwrap_or_default(),
-                WatchOptions::default().retry.as_secs()
             )),
             Event::Indexed(r) if r.embedded_messages + r.deleted_messages == 0 => None,
             Event::Indexed(r) => Some(format!(

@@ -58,17 +58,8 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
     let cache = tempfile::tempdir().unwrap();
     let embedder = std::sync::Arc::new(load(&minilm_dir(), cache.path()).unwrap());
     let chain = recall::provider::Chain::new(vec![embedder.clone()]);
-    let mut store = Store::open(&home.join("recall/index.db")).unwrap();
-    let profiles = recall::source::hermes::profiles(&home, None, false).unwrap();
-    let options = recall::index::IndexOptions {
-        selection: Default::default(),
-        chunk: recall::index::chunk::ChunkParams {
-            window: 256,
-            overlap: 64,
-        },
-        rebuild: false,
-    };
-    recall::index::run(&chain, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap();
+    index_in_process(&chain, &home);
+    let store = Store::open(&home.join("recall/index.db")).unwrap();
 
     let run_with = |signals: Signals, min_score: f32, scan: Strategy| {
         let options = SearchOptions {

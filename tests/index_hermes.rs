@@ -23,47 +23,10 @@ fn sha256(path: &Path) -> String {
     recall::model::manifest::sha256_file(path).unwrap()
 }
 
-/// Message ids in the index, and checks that every chunk has its vector,
-/// its FTS row and its message, with no duplicates.
+/// Message ids in the index, after checking that it is consistent.
 fn indexed_ids(home: &Path) -> BTreeSet<i64> {
-    let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
-    let c = store.conn();
-    let count = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
-    assert_eq!(
-        count("SELECT COUNT(*) FROM chunks"),
-        count("SELECT COUNT(*) FROM chunks_vec"),
-        "a chunk without its vector"
-    );
-    assert_eq!(
-        count(
-            "SELECT COUNT(*) FROM chunks c LEFT JOIN messages m ON m.profile = c.profile AND m.id = c.message_id WHERE m.id IS NULL"
-        ),
-        0
-    );
-    assert_eq!(
-        count(
-            "SELECT COUNT(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.profile = m.profile AND c.message_id = m.id)"
-        ),
-        0
-    );
-    assert_eq!(
-        count(
-            "SELECT COUNT(*) FROM chunks_vec v LEFT JOIN chunks c ON c.id = v.chunk_id WHERE c.id IS NULL"
-        ),
-        0
-    );
-    assert_eq!(
-        count(
-            "SELECT COUNT(*) FROM chunk_sparse s LEFT JOIN chunks c ON c.id = s.chunk_id WHERE c.id IS NULL"
-        ),
-        0
-    );
-    c.execute(
-        "INSERT INTO chunks_fts (chunks_fts, rank) VALUES ('integrity-check', 1)",
-        [],
-    )
-    .expect("FTS index out of step");
-    let mut stmt = c.prepare("SELECT id FROM messages").unwrap();
+    let store = assert_index_consistent(home);
+    let mut stmt = store.conn().prepare("SELECT id FROM messages").unwrap();
     stmt.query_map([], |r| r.get(0))
         .unwrap()
         .map(|r| r.unwrap())

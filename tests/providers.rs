@@ -76,21 +76,8 @@ fn recall_with(home: &Path, config: &Path, args: &[&str]) -> (i32, String, Strin
 /// is consistent: each chunk has one vector of the index's width, each
 /// message its chunks.
 fn stored(home: &Path) -> Vec<(String, Vec<f32>)> {
-    let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+    let store = assert_index_consistent(home);
     let c = store.conn();
-    let count = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
-    assert_eq!(
-        count("SELECT COUNT(*) FROM chunks"),
-        count("SELECT COUNT(*) FROM chunks_vec"),
-        "a chunk without its vector"
-    );
-    assert_eq!(
-        count(
-            "SELECT COUNT(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.profile = m.profile AND c.message_id = m.id)"
-        ),
-        0,
-        "a message without chunks"
-    );
     let width = store.identity().unwrap().unwrap().dimension;
     let mut stmt = c
         .prepare("SELECT c.text, v.embedding FROM chunks c JOIN chunks_vec v ON v.chunk_id = c.id ORDER BY c.id")
@@ -638,18 +625,7 @@ fn falls_back_from_local_to_ollama_mid_index() {
     let home = home_dir.path().join("hermes");
     // Enough for several embedding groups (16,384 tokens each).
     hermes_db(&["bulk", home.to_str().unwrap(), "2000"]);
-    let mut store = Store::open(&home.join("recall/index.db")).unwrap();
-    let profiles = recall::source::hermes::profiles(&home, None, false).unwrap();
-    let options = recall::index::IndexOptions {
-        selection: Default::default(),
-        chunk: recall::index::chunk::ChunkParams {
-            window: 256,
-            overlap: 64,
-        },
-        rebuild: false,
-    };
-    let report =
-        recall::index::run(&chain, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap();
+    let report = index_in_process(&chain, &home);
     assert!(report.paused.is_none(), "{:?}", report.paused);
     assert!(
         report.embedded_by.get("local").copied().unwrap_or(0) > 0,
@@ -662,10 +638,10 @@ fn falls_back_from_local_to_ollama_mid_index() {
         report.embedded_by
     );
     assert_eq!(report.embedded_messages, report.messages);
-    // The index was built by the local engine and stays its.
-    assert_eq!(store.identity().unwrap().unwrap().provider, "local");
-    drop(store);
     let rows = stored(&home);
+    // The index was built by the local engine and stays its.
+    let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+    assert_eq!(store.identity().unwrap().unwrap().provider, "local");
     assert_eq!(rows.len(), report.chunks);
     assert_vectors_are_the_models(&rows);
 }

@@ -168,3 +168,67 @@ fn a_database_that_appears_later_or_is_replaced_is_followed() {
         found(&home, "walrus accordion") == [SESSION]
     });
 }
+
+#[test]
+fn a_paused_watch_resumes_when_its_provider_comes_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    // An Ollama provider (played by `recall serve`) that is not up yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("chain = [\"ollama\"]\n[providers.ollama]\nbase_url = \"http://127.0.0.1:{port}\"\nmodel = \"tiny-bge-m3\"\n"),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args([
+            "watch",
+            "--json",
+            "--retry-secs",
+            "1",
+            "--hermes-home",
+            home.to_str().unwrap(),
+        ])
+        .args(["--config", config.to_str().unwrap()])
+        .env_remove("HERMES_HOME")
+        .env_remove("RECALL_PROVIDERS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (out, seen) = (child.stdout.take().unwrap(), events.clone());
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            seen.lock()
+                .unwrap()
+                .push(v["event"].as_str().unwrap().to_string());
+        }
+    });
+    let _watch = Watcher(child);
+    until(Duration::from_secs(20), "a paused run", || {
+        events.lock().unwrap().iter().any(|e| e == "paused")
+    });
+    assert!(found(&home, "nginx").is_empty());
+    let _server = Server::start(
+        &tiny_model_dir(),
+        &[
+            "--port",
+            &port.to_string(),
+            "--served-model-name",
+            "tiny-bge-m3",
+        ],
+    );
+    until(
+        Duration::from_secs(20),
+        "indexed once the provider is up",
+        || !found(&home, "nginx").is_empty(),
+    );
+}

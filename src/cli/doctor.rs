@@ -141,11 +141,9 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         .and_then(|c| c.provider("local").ok())
         .and_then(|p| p.model)
         .map(std::path::PathBuf::from);
-    let model_dir = args
-        .model
-        .named_dir()
-        .or(configured)
-        .or(remembered.clone().filter(|d| d.join("config.json").is_file()));
+    let model_dir = args.model.named_dir().or(configured).or(remembered
+        .clone()
+        .filter(|d| d.join("config.json").is_file()));
     match locate::locate(model_dir.as_deref()) {
         Ok(located) => match super::model::manifest_of(&located) {
             Ok(Some(manifest)) => match manifest.verify(&located.dir) {

@@ -28,6 +28,9 @@ pub struct WatchArgs {
     /// How long Hermes's files must stay unchanged before indexing, in milliseconds.
     #[arg(long, default_value_t = 150, value_name = "MS")]
     debounce_ms: u64,
+    /// When indexing paused (no embedding provider could work), try again after this many seconds.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    retry_secs: u64,
     /// One JSON object per indexing run instead of text.
     #[arg(long)]
     json: bool,
@@ -47,7 +50,7 @@ pub fn run(args: WatchArgs) -> Result<()> {
     let timing = WatchOptions {
         poll: std::time::Duration::from_millis(args.poll_ms.max(10)),
         debounce: std::time::Duration::from_millis(args.debounce_ms),
-        ..WatchOptions::default()
+        retry: std::time::Duration::from_secs(args.retry_secs.max(1)),
     };
     eprintln!(
         "recall watch: following {} into {} (Ctrl-C to stop)",
@@ -77,6 +80,9 @@ pub fn print_event(event: &Event, json: bool) {
     let now = recall::search::rfc3339(recall::index::unix_now());
     if json {
         let value = match event {
+            Event::Indexed(r) if r.paused.is_some() => {
+                json!({"when": now, "event": "paused", "report": r})
+            }
             Event::Indexed(r) => json!({"when": now, "event": "indexed", "report": r}),
             Event::Failed(message) => json!({"when": now, "event": "failed", "error": message}),
             Event::Waiting(paths) => json!({"when": now, "event": "waiting", "paths": paths}),
@@ -85,7 +91,7 @@ pub fn print_event(event: &Event, json: bool) {
     } else if let Some(line) = event.describe() {
         // Progress on standard output, problems on standard error.
         match event {
-            Event::Indexed(_) => println!("{now} {line}"),
+            Event::Indexed(r) if r.paused.is_none() => println!("{now} {line}"),
             _ => eprintln!("{now} {line}"),
         }
     }

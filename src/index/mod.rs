@@ -421,7 +421,11 @@ impl<'a> Embedders<'a> {
             .chain
             .providers()
             .iter()
-            .filter_map(|p| self.may_write(p.as_ref()).err().map(|why| (p.name().to_string(), why)))
+            .filter_map(|p| {
+                self.may_write(p.as_ref())
+                    .err()
+                    .map(|why| (p.name().to_string(), why))
+            })
             .collect();
         if self.none_of_this_space() {
             bail!(

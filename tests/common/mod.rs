@@ -146,7 +146,8 @@ pub fn recall_cli(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// A running `recall serve --port 0 --model MODEL EXTRA...` and its base URL
+/// A running `recall serve --port 0 --model MODEL EXTRA...` (EXTRA may name
+/// another port) and its base URL
 /// (read from its first line); killed when dropped.
 pub struct Server {
     pub child: std::process::Child,
@@ -157,7 +158,12 @@ impl Server {
     pub fn start(model: &Path, extra: &[&str]) -> Self {
         use std::io::BufRead;
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
-            .args(["serve", "--port", "0", "--model", model.to_str().unwrap()])
+            .args(["serve", "--model", model.to_str().unwrap()])
+            .args(if extra.contains(&"--port") {
+                &[][..]
+            } else {
+                &["--port", "0"][..]
+            })
             .args(extra)
             .env_remove("RECALL_API_KEY")
             .env_remove("HERMES_HOME")
@@ -187,4 +193,58 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Opens `HOME/recall/index.db` after checking that every chunk has its
+/// vector, its FTS row and its message, and every message its chunks.
+pub fn assert_index_consistent(home: &Path) -> recall::index::store::Store {
+    let store = recall::index::store::Store::open_existing(&home.join("recall/index.db")).unwrap();
+    let c = store.conn();
+    let count = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM chunks"),
+        count("SELECT COUNT(*) FROM chunks_vec"),
+        "a chunk without its vector"
+    );
+    for (orphans, what) in [
+        (
+            "SELECT COUNT(*) FROM chunks c LEFT JOIN messages m ON m.profile = c.profile AND m.id = c.message_id WHERE m.id IS NULL",
+            "a chunk without its message",
+        ),
+        (
+            "SELECT COUNT(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.profile = m.profile AND c.message_id = m.id)",
+            "a message without chunks",
+        ),
+        (
+            "SELECT COUNT(*) FROM chunks_vec v LEFT JOIN chunks c ON c.id = v.chunk_id WHERE c.id IS NULL",
+            "a vector without its chunk",
+        ),
+        (
+            "SELECT COUNT(*) FROM chunk_sparse s LEFT JOIN chunks c ON c.id = s.chunk_id WHERE c.id IS NULL",
+            "sparse weights without their chunk",
+        ),
+    ] {
+        assert_eq!(count(orphans), 0, "{what}");
+    }
+    c.execute(
+        "INSERT INTO chunks_fts (chunks_fts, rank) VALUES ('integrity-check', 1)",
+        [],
+    )
+    .expect("FTS index out of step");
+    store
+}
+
+/// Indexes `home` in this process with `chain`, in chunks of 256 tokens (the tiny model's limit).
+pub fn index_in_process(chain: &recall::provider::Chain, home: &Path) -> recall::index::Report {
+    let mut store = recall::index::store::Store::open(&home.join("recall/index.db")).unwrap();
+    let profiles = recall::source::hermes::profiles(home, None, false).unwrap();
+    let options = recall::index::IndexOptions {
+        selection: Default::default(),
+        chunk: recall::index::chunk::ChunkParams {
+            window: 256,
+            overlap: 64,
+        },
+        rebuild: false,
+    };
+    recall::index::run(chain, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap()
 }
