@@ -131,6 +131,10 @@ fn lag(home: &Path) -> i64 {
 
 #[derive(Debug, Clone)]
 enum Fault {
+    /// Pass this request through untouched.
+    Pass,
+    /// The answer's `data` in reverse order (each item keeps its `index`).
+    Shuffle,
     /// Close the connection without answering.
     Drop,
     /// Answer after this long.
@@ -305,6 +309,11 @@ fn handle(
         }
     };
     let text = match fault {
+        Some(Fault::Shuffle) => {
+            let mut v: Value = serde_json::from_str(&text).unwrap();
+            v["data"].as_array_mut().unwrap().reverse();
+            v.to_string()
+        }
         Some(f @ (Fault::WrongCount | Fault::NaN | Fault::Null | Fault::WrongDimension)) => {
             let mut v: Value = serde_json::from_str(&text).unwrap();
             let list = if v.get("embeddings").is_some() {
@@ -755,6 +764,10 @@ fn search_is_keyword_only_while_no_provider_is_up() {
     );
     assert_eq!(code, 0);
     assert!(out.contains("Nginx config error"), "{out}");
+    for line in out.lines() {
+        let hit: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(hit["mode"], "keyword", "{line}");
+    }
     // Dense-only search cannot do without a provider, and says so.
     let (code, _, err) = recall_with(
         &home,
@@ -806,4 +819,94 @@ fn configuration_errors_name_what_is_wrong() {
     let (code, _, err) = recall_with(&home, &missing, &["providers"]);
     assert_eq!(code, 1);
     assert!(err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn openai_answers_out_of_order_or_wrong_are_never_stored() {
+    let serve = server();
+    let proxy = Proxy::start(&serve.base, None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!(
+            r#"
+[providers.remote]
+type = "openai"
+base_url = "{}/v1"
+model = "tiny-bge-m3"
+batch_size = 4
+concurrency = 2
+retries = 6
+backoff_ms = 10
+max_backoff_secs = 0.2
+"#,
+            proxy.base
+        ),
+    );
+    let (_h, home) = hermes_home();
+    proxy.queue(&[
+        Fault::Pass, // the probe
+        Fault::Shuffle,
+        Fault::WrongCount,
+        Fault::NaN,
+        Fault::Status(500, None),
+        Fault::Shuffle,
+        Fault::Null,
+    ]);
+    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "remote"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(proxy.pending(), 0);
+    assert_vectors_are_the_models(&stored(&home));
+    assert_eq!(lag(&home), 0);
+}
+
+#[test]
+fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
+    let serve = server();
+    let proxy = Proxy::start(&serve.base, None);
+    let (_h, home) = hermes_home();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "[providers.local]\nmodel = \"{}\"\n[providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\nbackoff_ms = 1\n",
+            tiny_model_dir().display(),
+            proxy.base
+        ),
+    );
+    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "local"]);
+    assert_eq!(code, 0, "{err}");
+    // The probe and the same-vectors check pass; the query itself fails (one retry when someone waits).
+    proxy.queue(&[
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Status(500, None),
+        Fault::Status(500, None),
+    ]);
+    let (code, out, err) = recall_with(
+        &home,
+        &config,
+        &["search", "nginx", "--provider", "ollama", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("keyword-only search: the query could not be embedded")
+            && err.contains("HTTP 500"),
+        "{err}"
+    );
+    let hit: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(hit["mode"], "keyword");
+    assert_eq!(hit["title"], "Nginx config error");
+    assert_eq!(proxy.pending(), 0);
+    // With the provider answering, the same search is hybrid.
+    let (code, out, _) = recall_with(
+        &home,
+        &config,
+        &["search", "nginx", "--provider", "ollama", "--json"],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        out.lines().all(|l| l.contains(r#""mode":"hybrid""#)),
+        "{out}"
+    );
 }

@@ -159,11 +159,12 @@ def _handler(args, **kwargs):
                 request[field] = str(args[field])
         if settings.get("profile"):
             request["profile"] = settings["profile"]
-        results, via = None, "recall serve"
+        results, via, found_by = None, "recall serve", "hybrid"
         if _server_up(settings):
             try:
                 answer = _post(settings["server"] + "/search", request, timeout=60)
                 results = answer.get("results", [])
+                found_by = answer.get("mode", "hybrid")
             except urllib.error.HTTPError as e:
                 detail = e.read().decode("utf-8", "replace")
                 try:
@@ -177,10 +178,20 @@ def _handler(args, **kwargs):
         if results is None:
             via = "recall binary"
             results = _search_via_binary(settings, request)
+            modes = {r.pop("mode", "hybrid") for r in results}
+            found_by = "keyword" if "keyword" in modes else "hybrid"
+        extra = {}
+        if found_by == "keyword":
+            # The model must not take exact-word matches for a search by meaning.
+            extra["note"] = (
+                "no embedding provider was available: these are keyword matches only; "
+                "a paraphrase of the query may find nothing"
+            )
         return json.dumps(
             {
                 "success": True,
-                "mode": "semantic",
+                "mode": "semantic" if found_by != "keyword" else "keyword",
+                **extra,
                 "query": query,
                 "results": results,
                 "count": len(results),

@@ -81,7 +81,7 @@ pub fn run(args: DoctorArgs) -> Result<()> {
                     "{} (schema v{}, {} messages)",
                     p.state_db().display(),
                     db.schema_version().map_or("?".into(), |v| v.to_string()),
-                    db.message_count()?
+                    db.message_count().map_or("?".into(), |n| n.to_string())
                 ),
             ),
             Err(e) => r.fail(
@@ -96,6 +96,7 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
     let mut identity = None;
     let mut remembered = None;
+    let mut opened = None;
     if !index_path.is_file() {
         r.fail(
             "index",
@@ -103,26 +104,43 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             "run `recall index` (or `recall hermes install`, which also adds the Hermes tool)",
         );
     } else {
-        match Store::open_existing(&index_path) {
-            Ok(store) => {
-                identity = store.identity()?;
-                remembered = store.model_dir()?;
-                let chunks = store.count("SELECT COUNT(*) FROM chunks")?;
-                let existing: Vec<_> = profiles.iter().filter(|p| p.state_db().is_file()).cloned().collect();
-                let lag = recall::index::lag(&store, &existing, &args.hermes.selection()?).unwrap_or(0);
-                let space = identity
-                    .as_ref()
-                    .map_or("no model yet".into(), |i| format!("{}, built by {} {}", i.space(), i.provider, i.model));
+        let opened_store = Store::open_existing(&index_path).and_then(|store| {
+            let identity = store.identity()?;
+            let remembered = store.model_dir()?;
+            let chunks = store.count("SELECT COUNT(*) FROM chunks")?;
+            Ok((store, identity, remembered, chunks))
+        });
+        match opened_store {
+            Ok((store, id, model_dir, chunks)) => {
+                let existing: Vec<_> = profiles
+                    .iter()
+                    .filter(|p| p.state_db().is_file())
+                    .cloned()
+                    .collect();
+                let lag = args
+                    .hermes
+                    .selection()
+                    .and_then(|selection| recall::index::lag(&store, &existing, &selection));
+                let space = id.as_ref().map_or("no model yet".into(), |i| {
+                    format!("{}, built by {} {}", i.space(), i.provider, i.model)
+                });
                 let detail = format!("{} ({chunks} chunks; {space})", index_path.display());
-                if lag > 0 {
-                    r.warn(
+                match lag {
+                    Ok(0) => r.ok("index", format!("{detail}; up to date")),
+                    Ok(lag) => r.warn(
                         "index",
                         format!("{detail}; {lag} messages behind Hermes"),
-                        "run `recall index`, or keep `recall watch` / `recall serve --watch` running",
-                    );
-                } else {
-                    r.ok("index", format!("{detail}; up to date"));
+                        "run `recall index` (it says why if it pauses), or keep `recall watch` running",
+                    ),
+                    Err(e) => r.warn(
+                        "index",
+                        format!("{detail}; cannot compare with Hermes: {e:#}"),
+                        "check the Hermes profile above",
+                    ),
                 }
+                identity = id;
+                remembered = model_dir;
+                opened = Some(store);
             }
             Err(e) => r.fail(
                 "index",
@@ -173,7 +191,13 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     }
 
     // Providers.
-    match super::providers::survey(&args.providers, &args.model, identity.as_ref(), remembered) {
+    match super::providers::survey(
+        &args.providers,
+        &args.model,
+        identity.as_ref(),
+        opened.as_ref(),
+        remembered,
+    ) {
         Ok(survey) => {
             let rows = survey["providers"].as_array().cloned().unwrap_or_default();
             for p in &rows {

@@ -100,9 +100,22 @@ impl ProviderArgs {
         model: &ModelArgs,
         remembered: Option<PathBuf>,
     ) -> Result<recall::provider::Chain> {
-        let config = self.config()?;
-        // With other providers to fall back to, a missing model is not fetched (2.3 GB) on the spot.
-        let fetch = config.chain.len() == 1;
+        self.chain_with(model, remembered, true, false)
+    }
+
+    /// `chain`; a missing model is fetched on first use only when `may_fetch`
+    /// and the chain has no other provider to fall back to (2.3 GB);
+    /// `interactive` gives remote providers short timeouts (someone is waiting).
+    pub fn chain_with(
+        &self,
+        model: &ModelArgs,
+        remembered: Option<PathBuf>,
+        may_fetch: bool,
+        interactive: bool,
+    ) -> Result<recall::provider::Chain> {
+        let mut config = self.config()?;
+        config.interactive = interactive;
+        let fetch = may_fetch && config.chain.len() == 1;
         config.build(&|name, settings| {
             let (model, remembered, configured) = (
                 model.clone(),

@@ -29,10 +29,16 @@ pub fn survey(
     providers: &ProviderArgs,
     model: &ModelArgs,
     index: Option<&Identity>,
+    store: Option<&Store>,
     remembered: Option<std::path::PathBuf>,
 ) -> Result<Value> {
     let config = providers.config()?;
-    let chain = providers.chain(model, remembered)?;
+    // A survey reads: it never downloads the model.
+    let chain = providers.chain_with(model, remembered, false, true)?;
+    let embedders = match (index, store) {
+        (Some(index), Some(store)) => Some(recall::index::Embedders::new(&chain, index, store)?),
+        _ => None,
+    };
     let mut used = false;
     let mut rows = Vec::new();
     for p in chain.providers() {
@@ -47,17 +53,19 @@ pub fn survey(
             "checked_ms": ms,
         });
         match identity {
-            Ok(mut id) => {
+            Ok(id) => {
                 row["space"] = json!(id.space());
                 row["sparse"] = json!(id.sparse);
-                if let Some(index) = index {
-                    id.chunk_tokens = index.chunk_tokens;
-                    id.chunk_overlap = index.chunk_overlap;
-                    let fits = index.accepts(&id);
-                    row["fits_index"] = json!(fits);
-                    if fits && !used {
-                        row["used"] = json!(true);
-                        used = true;
+                if let Some(embedders) = &embedders {
+                    let verdict = embedders.may_write(p.as_ref());
+                    row["fits_index"] = json!(verdict.is_ok());
+                    match verdict {
+                        Ok(()) if !used => {
+                            row["used"] = json!(true);
+                            used = true;
+                        }
+                        Ok(()) => {}
+                        Err(why) => row["why_not"] = json!(why),
                     }
                 }
             }
@@ -81,7 +89,13 @@ pub fn run(args: ProvidersArgs) -> Result<()> {
         .transpose()?;
     let identity = store.as_ref().map(|s| s.identity()).transpose()?.flatten();
     let remembered = store.as_ref().map(|s| s.model_dir()).transpose()?.flatten();
-    let survey = survey(&args.providers, &args.model, identity.as_ref(), remembered)?;
+    let survey = survey(
+        &args.providers,
+        &args.model,
+        identity.as_ref(),
+        store.as_ref(),
+        remembered,
+    )?;
     if args.json {
         println!("{survey}");
         return Ok(());

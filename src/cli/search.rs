@@ -77,13 +77,16 @@ enum VectorScan {
 pub fn run_search(args: SearchArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
     let store = Store::open_existing(&index_path)?;
-    let chain = args.providers.chain(&args.model, store.model_dir()?)?;
+    // Someone is waiting: no 2.3 GB download, short timeouts and one retry.
+    let chain = args
+        .providers
+        .chain_with(&args.model, store.model_dir()?, false, true)?;
     let provider = match (args.signals, store.identity()?) {
         (Signals::Keyword, _) | (_, None) => None,
-        (_, Some(identity)) => match search::query_provider(&chain, &identity) {
+        (_, Some(_)) => match search::query_provider(&chain, &store)? {
             Ok(p) => Some(p),
             // Keyword search still finds exact words: better than nothing, and said.
-            Err(unavailable) if args.signals == Signals::Hybrid => {
+            Err(unavailable) if args.signals == Signals::Hybrid && !args.rerank => {
                 eprintln!(
                     "keyword-only search: {unavailable}\n(`recall providers` shows each provider's state)"
                 );
@@ -120,9 +123,15 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
         },
     };
     let (hits, info) = search::search(&store, provider.as_deref(), &args.query, &options)?;
+    if let Some(note) = &info.note {
+        eprintln!("keyword-only search: the query could not be embedded: {note}");
+    }
     if args.json {
+        // Each result says how it was found, so that a keyword-only answer is never taken for more.
         for hit in &hits {
-            println!("{}", serde_json::to_string(hit)?);
+            let mut value = serde_json::to_value(hit)?;
+            value["mode"] = info.mode.clone().into();
+            println!("{value}");
         }
         return Ok(());
     }

@@ -157,18 +157,29 @@ pub fn run(
     };
     let bound = match existing {
         Some(identity) => identity,
-        None => match chain.first_available() {
-            Ok((_, mut identity)) => {
+        // A new index takes the space of the chain's first provider, never of
+        // whichever answers (a cloud fallback would be sent the whole history).
+        None => match chain.providers().first().map(|p| (p, p.identity())) {
+            Some((_, Ok(mut identity))) => {
                 identity.chunk_tokens = options.chunk.window;
                 identity.chunk_overlap = options.chunk.overlap;
                 store.bind(&identity, options.rebuild)?;
                 identity
             }
-            Err(unavailable) => {
-                report.paused = Some(unavailable.to_string());
+            Some((first, Err(e))) => {
+                report.paused = Some(format!(
+                    "a new index takes the vector space of the chain's first provider, {}, which is unavailable: {e:#}\n\
+                     (to build it with another provider, name that one first: --provider NAME)",
+                    first.name()
+                ));
+                for profile in profiles {
+                    report.pending_messages +=
+                        read_profile(profile, &options.selection)?.messages.len();
+                }
                 report.seconds = started.elapsed().as_secs_f64();
                 return Ok(report);
             }
+            None => bail!("the provider chain is empty"),
         },
     };
     if (bound.chunk_tokens, bound.chunk_overlap) != (options.chunk.window, options.chunk.overlap) {
@@ -184,10 +195,10 @@ pub fn run(
     }
     let embedders = Embedders::new(chain, &bound, store)?;
     embedders.refuse_if_none_fits()?;
-    if let Some(e) = local
-        .as_ref()
-        .filter(|_| embedders.usable().iter().any(|p| p.local().is_some()))
-    {
+    // The local engine may write here: it records its model and, for a
+    // BGE-M3 index, re-embeds what a fallback stored without sparse weights.
+    let local_fits = embedders.local_fits();
+    if let Some(e) = local.as_ref().filter(|_| local_fits) {
         // Later runs and searches without --model use the same directory.
         let dir = &e.info().dir;
         store.set_meta(
@@ -237,7 +248,7 @@ pub fn run(
                 let fp = fingerprint(&m);
                 (m, fp)
             })
-            .filter(|(m, fp)| indexed.get(&m.id) != Some(fp))
+            .filter(|(m, fp)| !up_to_date(indexed.get(&m.id), fp, bound.sparse && local_fits))
             .collect();
         report.unchanged_messages += seen - todo.len();
         if report.paused.is_some() {
@@ -252,7 +263,9 @@ pub fn run(
         };
         stage.run(store, &profile.name, todo, options, progress, &mut report)?;
     }
-    store.set_meta("last_indexed_at", &format!("{:.3}", unix_now()))?;
+    if report.paused.is_none() {
+        store.set_meta("last_indexed_at", &format!("{:.3}", unix_now()))?;
+    }
     // Large indexes are searched through the code file: bring it up to date
     // now rather than in the first search. Without it search is slower, not wrong.
     if crate::search::binary::approximate_len(store)? >= crate::search::vector::EXACT_BELOW
@@ -292,17 +305,17 @@ impl<'a> Embedders<'a> {
         })
     }
 
-    /// The providers known to be usable so far (loaded, of the right space).
-    fn usable(&self) -> Vec<&std::sync::Arc<dyn Provider>> {
+    /// Whether the chain's local engine loads and may write into the index.
+    fn local_fits(&self) -> bool {
         self.chain
             .providers()
             .iter()
-            .filter(|p| matches!(self.may_write(p.as_ref()), Ok(())))
-            .collect()
+            .filter(|p| p.kind() == crate::provider::Kind::Local)
+            .any(|p| self.may_write(p.as_ref()).is_ok() && p.local().is_some())
     }
 
-    /// Whether `p` may write into the index now; why not otherwise.
-    fn may_write(&self, p: &dyn Provider) -> Result<(), String> {
+    /// Whether `p` may write into (and search) the index now; why not otherwise.
+    pub fn may_write(&self, p: &dyn Provider) -> Result<(), String> {
         if let Some(verdict) = self.checked.lock().unwrap().get(p.name()) {
             return verdict.clone().map_or(Ok(()), Err);
         }
@@ -325,8 +338,12 @@ impl<'a> Embedders<'a> {
             ))
         } else if identity.embedding_key() != self.bound.embedding_key() {
             // Same name, same width, another provider: check that it really
-            // gives the vectors the index holds.
-            self.same_vectors(p).err()
+            // gives the vectors the index holds. Failing to answer is not a verdict.
+            match self.same_vectors(p) {
+                Ok(()) => None,
+                Err((why, false)) => return Err(why),
+                Err((why, true)) => Some(why),
+            }
         } else {
             None
         };
@@ -338,7 +355,8 @@ impl<'a> Embedders<'a> {
         verdict.map_or(Ok(()), Err)
     }
 
-    fn same_vectors(&self, p: &dyn Provider) -> Result<(), String> {
+    /// Err((why, whether that is a verdict)): a failure to answer is not.
+    fn same_vectors(&self, p: &dyn Provider) -> Result<(), (String, bool)> {
         if self.sample.is_empty() {
             return Ok(());
         }
@@ -347,7 +365,9 @@ impl<'a> Embedders<'a> {
             .iter()
             .map(|(text, _)| Input { text, tokens: None })
             .collect();
-        let vectors = p.embed(&inputs, false).map_err(|e| format!("{e:#}"))?;
+        let vectors = p
+            .embed(&inputs, false)
+            .map_err(|e| (format!("{e:#}"), false))?;
         let mean = self
             .sample
             .iter()
@@ -355,11 +375,14 @@ impl<'a> Embedders<'a> {
             .map(|((_, stored), v)| cosine(stored, &v.dense))
             .sum::<f32>()
             / self.sample.len() as f32;
-        if mean < SAME_SPACE_COSINE {
-            return Err(format!(
-                "its vectors are not the index's: mean cosine {mean:.3} over {} stored passages (at least {SAME_SPACE_COSINE} needed); \
+        if mean.is_nan() || mean < SAME_SPACE_COSINE {
+            return Err((
+                format!(
+                    "its vectors are not the index's: mean cosine {mean:.3} over {} stored passages (at least {SAME_SPACE_COSINE} needed); \
                  another model behind the same name? Set its `space` in config.toml, or rebuild the index with it",
-                self.sample.len()
+                    self.sample.len()
+                ),
+                true,
             ));
         }
         tracing::info!(
@@ -456,6 +479,21 @@ pub fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_secs_f64()
+}
+
+/// Marks a message of a sparse (BGE-M3) index that a fallback without
+/// sparse weights embedded: the local engine embeds it again when it can.
+const DENSE_ONLY: &str = "~dense";
+
+/// Whether the index holds `fingerprint` as it is now (`indexed`), counting
+/// a message a fallback embedded without sparse weights as done unless the
+/// local engine can `upgrade` it.
+fn up_to_date(indexed: Option<&String>, fingerprint: &str, upgrade: bool) -> bool {
+    match indexed {
+        Some(held) if held == fingerprint => true,
+        Some(held) => !upgrade && held.strip_suffix(DENSE_ONLY) == Some(fingerprint),
+        None => false,
+    }
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
@@ -609,12 +647,17 @@ impl Stage<'_> {
                 };
                 chunks.push(row);
             }
+            let dense_only = self.sparse && chunks.iter().any(|c| c.sparse.is_none());
             rows.push(MessageRow {
                 id: p.message.id,
                 session_id: p.message.session_id,
                 role: p.message.role,
                 timestamp: p.message.timestamp,
-                fingerprint: p.fingerprint,
+                fingerprint: if dense_only {
+                    format!("{}{DENSE_ONLY}", p.fingerprint)
+                } else {
+                    p.fingerprint
+                },
                 chunks,
             });
         }
@@ -714,7 +757,7 @@ pub fn lag(store: &Store, profiles: &[Profile], selection: &Selection) -> Result
         behind += snapshot
             .messages
             .iter()
-            .filter(|m| indexed.get(&m.id) != Some(&fingerprint(m)))
+            .filter(|m| !up_to_date(indexed.get(&m.id), &fingerprint(m), false))
             .count();
     }
     Ok(behind)

@@ -47,6 +47,9 @@ pub struct ProviderConfig {
     pub api_key_env: Option<String>,
     /// The API key itself; prefer `api_key_env`.
     pub api_key: Option<Secret>,
+    /// The wire format of a `type = "openai"` provider: `openai` (`/embeddings`,
+    /// the default) or `ark-multimodal` (Volcano Ark's `/embeddings/multimodal`).
+    pub api: Option<String>,
     /// The model family, when the model name does not say it (e.g. an Ollama tag `my-m3`).
     pub space: Option<String>,
     /// The vector width the provider must give (checked on every answer).
@@ -76,6 +79,7 @@ impl ProviderConfig {
             base_url,
             api_key_env,
             api_key,
+            api,
             space,
             dimension,
             batch_size,
@@ -136,12 +140,15 @@ fn builtin(name: &str) -> Option<ProviderConfig> {
             "bge-m3",
             None,
         ),
-        "ark" => remote(
-            Kind::Openai,
-            openai::ARK_BASE.into(),
-            "doubao-embedding-vision",
-            Some("ARK_API_KEY"),
-        ),
+        "ark" => ProviderConfig {
+            api: Some("ark-multimodal".into()),
+            ..remote(
+                Kind::Openai,
+                openai::ARK_BASE.into(),
+                "doubao-embedding-vision",
+                Some("ARK_API_KEY"),
+            )
+        },
         "openai" => remote(
             Kind::Openai,
             openai::OPENAI_BASE.into(),
@@ -165,6 +172,9 @@ struct File {
 pub struct Config {
     /// The file that was read, if any.
     pub path: Option<PathBuf>,
+    /// For a person waiting (search): remote providers get one retry, a
+    /// 20 s timeout and short backoffs, whatever the file says.
+    pub interactive: bool,
     pub chain: Vec<String>,
     providers: BTreeMap<String, ProviderConfig>,
 }
@@ -218,6 +228,7 @@ impl Config {
         };
         let config = Config {
             path,
+            interactive: false,
             chain,
             providers: file.providers,
         };
@@ -271,7 +282,7 @@ impl Config {
             let p = self.provider(name)?;
             providers.push(match p.kind.unwrap() {
                 Kind::Local => local(name, &p),
-                kind => Arc::new(remote(name, &p, kind)?) as Arc<dyn Provider>,
+                kind => Arc::new(remote(name, &p, kind, self.interactive)?) as Arc<dyn Provider>,
             });
         }
         Ok(Chain::new(providers))
@@ -289,15 +300,27 @@ fn split_names(values: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn remote(name: &str, p: &ProviderConfig, kind: Kind) -> Result<RemoteProvider> {
+fn remote(name: &str, p: &ProviderConfig, kind: Kind, interactive: bool) -> Result<RemoteProvider> {
     let key = match (&p.api_key, &p.api_key_env) {
-        (Some(Secret(k)), _) => Some(k.clone()),
-        (None, Some(var)) => std::env::var(var).ok().filter(|k| !k.is_empty()),
+        (Some(Secret(k)), _) => Some(k.trim().to_string()),
+        (None, Some(var)) => std::env::var(var)
+            .ok()
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty()),
         (None, None) => None,
     };
     let mut headers = Vec::new();
     if let Some(key) = key {
         headers.push(("Authorization", format!("Bearer {key}")));
+    }
+    let mut policy = p.policy();
+    policy
+        .check()
+        .with_context(|| format!("[providers.{name}]"))?;
+    if interactive {
+        policy.retries = policy.retries.min(1);
+        policy.timeout_secs = policy.timeout_secs.min(20.0);
+        policy.max_backoff_secs = policy.max_backoff_secs.min(2.0);
     }
     let missing_key = kind == Kind::Openai
         && headers.is_empty()
@@ -306,9 +329,14 @@ fn remote(name: &str, p: &ProviderConfig, kind: Kind) -> Result<RemoteProvider> 
             .base_url
             .as_deref()
             .is_some_and(|b| b.starts_with("http://"));
-    let api: Box<dyn super::remote::Api> = match kind {
-        Kind::Ollama => Box::new(ollama::Ollama),
-        _ => Box::new(openai::OpenAi),
+    let api: Box<dyn super::remote::Api> = match (kind, p.api.as_deref()) {
+        (Kind::Ollama, None) => Box::new(ollama::Ollama),
+        (Kind::Openai, None | Some("openai")) => Box::new(openai::OpenAi),
+        (Kind::Openai, Some("ark-multimodal")) => Box::new(openai::ArkMultimodal),
+        (_, Some(other)) => bail!(
+            "[providers.{name}] api = {other:?}: type = \"openai\" takes api = \"openai\" or \"ark-multimodal\"; other types take none"
+        ),
+        (Kind::Local, None) => unreachable!("local providers are not remote"),
     };
     let (batch, concurrency) = match kind {
         Kind::Ollama => (64, 1),
@@ -320,7 +348,7 @@ fn remote(name: &str, p: &ProviderConfig, kind: Kind) -> Result<RemoteProvider> 
             p.base_url.as_deref().unwrap_or_default(),
             p.model.as_deref().unwrap_or_default(),
             api,
-            p.policy(),
+            policy,
             headers,
             p.batch_size.unwrap_or(batch),
             p.concurrency.unwrap_or(concurrency),

@@ -27,6 +27,31 @@ pub struct Policy {
     pub breaker_cooldown_secs: f64,
 }
 
+impl Policy {
+    /// Every duration finite, non-negative and at most a day; names the key that is not.
+    pub fn check(&self) -> Result<()> {
+        let day = 86_400.0;
+        for (key, value) in [
+            ("timeout_secs", self.timeout_secs),
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("max_backoff_secs", self.max_backoff_secs),
+            ("breaker_cooldown_secs", self.breaker_cooldown_secs),
+            ("backoff_ms", self.backoff_ms as f64 / 1000.0),
+        ] {
+            if !(value.is_finite() && (0.0..=day).contains(&value)) {
+                bail!("{key} = {value} is not a number of seconds between 0 and one day");
+            }
+        }
+        if self.timeout_secs == 0.0 || self.connect_timeout_secs == 0.0 {
+            bail!("timeout_secs and connect_timeout_secs must be more than 0");
+        }
+        if self.retries > 100 {
+            bail!("retries = {} is more than 100", self.retries);
+        }
+        Ok(())
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self {
@@ -53,18 +78,25 @@ pub enum Failure {
 struct Breaker {
     failures: u32,
     open_until: Option<Instant>,
+    /// Half open: one trial request is in flight; the others wait for its outcome.
+    probing: bool,
     last_error: String,
 }
+
+/// The longest `Retry-After` honoured: a server asking for more is treated as down.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 
 pub struct Client {
     name: String,
     agent: ureq::Agent,
     policy: Policy,
     breaker: Mutex<Breaker>,
+    /// Never to appear in a message: the API key, as sent.
+    secret: Option<String>,
 }
 
 impl Client {
-    pub fn new(name: &str, policy: Policy) -> Self {
+    pub fn new(name: &str, policy: Policy, secret: Option<String>) -> Self {
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs_f64(policy.timeout_secs)))
             .timeout_connect(Some(Duration::from_secs_f64(policy.connect_timeout_secs)))
@@ -79,8 +111,25 @@ impl Client {
             breaker: Mutex::new(Breaker {
                 failures: 0,
                 open_until: None,
+                probing: false,
                 last_error: String::new(),
             }),
+            secret: secret.filter(|s| !s.is_empty()),
+        }
+    }
+
+    /// `error` with the secret blanked out (a gateway may echo the request).
+    fn redact(&self, error: anyhow::Error) -> anyhow::Error {
+        match &self.secret {
+            Some(secret) => {
+                let text = format!("{error:#}");
+                if text.contains(secret.as_str()) {
+                    anyhow!(text.replace(secret.as_str(), "***"))
+                } else {
+                    error
+                }
+            }
+            None => error,
         }
     }
 
@@ -100,9 +149,9 @@ impl Client {
             Err(e) => Err(transport(e)),
         }
         .map_err(|f| match f {
-            Failure::Retry { error, .. } | Failure::Fatal(error) => error,
+            Failure::Retry { error, .. } | Failure::Fatal(error) => self.redact(error),
         });
-        self.record(outcome.as_ref().err());
+        self.record(outcome.as_ref().err(), false);
         outcome
     }
 
@@ -144,19 +193,30 @@ impl Client {
                 }
                 Err(e) => Err(transport(e)),
             };
-            self.record(outcome.as_ref().err().map(|f| match f {
-                Failure::Retry { error, .. } | Failure::Fatal(error) => error,
-            }));
             let (error, after) = match outcome {
-                Ok(value) => return Ok(value),
-                Err(Failure::Fatal(error)) => return Err(error),
-                Err(Failure::Retry { error, after }) => (error, after),
+                Ok(value) => {
+                    self.record(None, false);
+                    return Ok(value);
+                }
+                Err(Failure::Fatal(error)) => {
+                    // The request was wrong, not the provider: the breaker is not moved.
+                    let error = self.redact(error);
+                    self.record(None, false);
+                    return Err(error);
+                }
+                Err(Failure::Retry { error, after }) => (self.redact(error), after),
             };
+            // A 429 is the provider working as it should: it says when, it is not down.
+            self.record(Some(&error), after.is_some());
             if attempt >= retries {
                 return Err(error.context(format!("failed {} times in a row", attempt + 1)));
             }
-            let wait = after.unwrap_or_else(|| self.backoff(attempt));
-            let wait = wait.min(Duration::from_secs_f64(self.policy.max_backoff_secs));
+            let wait = match after {
+                Some(asked) => asked.min(MAX_RETRY_AFTER),
+                None => self
+                    .backoff(attempt)
+                    .min(Duration::from_secs_f64(self.policy.max_backoff_secs)),
+            };
             tracing::warn!(
                 "{}: {error:#}; retrying in {:.1}s (attempt {} of {})",
                 self.name,
@@ -177,6 +237,13 @@ impl Client {
 
     fn check_breaker(&self) -> Result<()> {
         let mut b = self.breaker.lock().unwrap();
+        if b.probing {
+            bail!(
+                "skipped: it failed {} times in a row and a trial request is deciding (circuit half open); last: {}",
+                b.failures,
+                b.last_error
+            );
+        }
         if let Some(until) = b.open_until {
             let now = Instant::now();
             if now < until {
@@ -187,15 +254,21 @@ impl Client {
                     b.last_error
                 );
             }
-            // Half open: this attempt decides.
+            // Half open: this attempt alone decides.
             b.open_until = None;
-            b.failures = self.policy.breaker_failures.saturating_sub(1);
+            b.probing = true;
         }
         Ok(())
     }
 
-    fn record(&self, error: Option<&anyhow::Error>) {
+    /// Records an attempt's outcome; `throttled` attempts (429 with
+    /// `Retry-After`) neither count as failures nor as successes.
+    fn record(&self, error: Option<&anyhow::Error>, throttled: bool) {
         let mut b = self.breaker.lock().unwrap();
+        b.probing = false;
+        if throttled {
+            return;
+        }
         if let Some(error) = error {
             b.last_error = format!("{error:#}");
             b.failures += 1;
@@ -242,7 +315,7 @@ fn read(mut response: ureq::http::Response<ureq::Body>) -> Result<Value, Failure
             after: retry_after,
         }),
         401 | 403 => Err(Failure::Fatal(error.context(
-            "the API key was refused (set it in config.toml's api_key_env variable, never printed)",
+            "the API key was refused: check the variable named by api_key_env (or api_key) in config.toml",
         ))),
         _ => Err(Failure::Fatal(error)),
     }
@@ -281,7 +354,9 @@ fn clip(text: &str) -> String {
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+        // Anything past the cap is the cap (and `1e20` must not overflow a Duration).
+        return (seconds.is_finite() && seconds >= 0.0)
+            .then(|| Duration::from_secs_f64(seconds.min(MAX_RETRY_AFTER.as_secs_f64())));
     }
     let when = httpdate::parse_http_date(value).ok()?;
     Some(
@@ -300,6 +375,8 @@ mod tests {
         assert_eq!(parse_retry_after("0.5"), Some(Duration::from_millis(500)));
         assert_eq!(parse_retry_after("-1"), None);
         assert_eq!(parse_retry_after("soon"), None);
+        assert_eq!(parse_retry_after("1e20"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("inf"), None);
         let past = parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT");
         assert_eq!(past, Some(Duration::ZERO));
         let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(90));

@@ -1,7 +1,8 @@
 //! recall's own engine as a provider. The model is loaded on first use, so
 //! a chain that never needs it never pays for it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 
@@ -15,8 +16,13 @@ pub struct Local {
     name: String,
     family: Option<String>,
     loader: Option<Loader>,
-    loaded: OnceLock<Result<Arc<Embedder>, String>>,
+    loaded: OnceLock<Arc<Embedder>>,
+    /// The last failed load: tried again after `RETRY_LOAD` (a model
+    /// fetched meanwhile is picked up by a running watcher).
+    failed: Mutex<Option<(Instant, String)>>,
 }
+
+const RETRY_LOAD: Duration = Duration::from_secs(30);
 
 impl Local {
     /// A provider that loads its model with `loader` when first asked.
@@ -26,29 +32,49 @@ impl Local {
             family,
             loader: Some(loader),
             loaded: OnceLock::new(),
+            failed: Mutex::new(None),
         }
     }
 
     /// A provider over a model already loaded.
     pub fn from_embedder(name: &str, family: Option<String>, embedder: Arc<Embedder>) -> Self {
         let loaded = OnceLock::new();
-        let _ = loaded.set(Ok(embedder));
+        let _ = loaded.set(embedder);
         Self {
             name: name.to_string(),
             family,
             loader: None,
             loaded,
+            failed: Mutex::new(None),
         }
     }
 
     pub fn embedder(&self) -> Result<&Embedder> {
-        self.loaded
-            .get_or_init(|| match &self.loader {
-                Some(load) => load().map(Arc::new).map_err(|e| format!("{e:#}")),
-                None => Err("no model".into()),
-            })
-            .as_deref()
-            .map_err(|e| anyhow!("{e}"))
+        if let Some(e) = self.loaded.get() {
+            return Ok(e);
+        }
+        // One load at a time; the lock also keeps the failure memo.
+        let mut failed = self.failed.lock().unwrap();
+        if let Some(e) = self.loaded.get() {
+            return Ok(e);
+        }
+        if let Some((when, why)) = failed.as_ref()
+            && when.elapsed() < RETRY_LOAD
+        {
+            return Err(anyhow!("{why}"));
+        }
+        let load = self.loader.as_ref().ok_or_else(|| anyhow!("no model"))?;
+        match load() {
+            Ok(e) => {
+                *failed = None;
+                Ok(self.loaded.get_or_init(|| Arc::new(e)))
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                *failed = Some((Instant::now(), why.clone()));
+                Err(anyhow!(why))
+            }
+        }
     }
 }
 
@@ -102,8 +128,8 @@ impl Provider for Local {
 
     fn describe(&self) -> String {
         match self.loaded.get() {
-            Some(Ok(e)) => e.describe(),
-            _ => "recall's engine".into(),
+            Some(e) => e.describe(),
+            None => "recall's engine".into(),
         }
     }
 

@@ -258,19 +258,51 @@ impl Chain {
             .filter(|p| p.kind() == Kind::Local)
             .find_map(|p| p.local())
     }
+}
 
-    /// The first provider that is available, with its identity (for a new index).
-    pub fn first_available(&self) -> Result<(Arc<dyn Provider>, Identity), Unavailable> {
-        let mut reasons = Vec::new();
-        for p in &self.providers {
-            match p.identity() {
-                Ok(identity) => return Ok((p.clone(), identity)),
-                Err(e) => reasons.push((p.name().to_string(), format!("{e:#}"))),
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_checked_before_anything_is_kept() {
+        let ok = check_vectors("p", 2, Some(2), vec![vec![3.0, 4.0], vec![1e30, 1e30]]).unwrap();
+        assert_eq!(ok[0], vec![0.6, 0.8]);
+        assert!((ok[1][0] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6);
+        for (vectors, expected, what) in [
+            (vec![vec![1.0, 0.0]], Some(2), "1 vectors for 2"),
+            (vec![vec![1.0, 0.0], vec![1.0]], None, "1 dimensions"),
+            (
+                vec![vec![1.0, f32::NAN], vec![1.0, 0.0]],
+                Some(2),
+                "non-finite",
+            ),
+            (vec![vec![0.0, 0.0], vec![1.0, 0.0]], Some(2), "norm 0"),
+            (
+                vec![vec![1.0, 0.0, 0.0], vec![1.0, 0.0, 0.0]],
+                Some(2),
+                "3 dimensions",
+            ),
+        ] {
+            let n = if what.starts_with('1') && what.contains("vectors") {
+                2
+            } else {
+                vectors.len()
+            };
+            let err = check_vectors("p", n, expected, vectors)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(what), "{err}");
         }
-        Err(Unavailable {
-            space: None,
-            reasons,
-        })
+    }
+
+    #[test]
+    fn families_of_model_names() {
+        assert_eq!(family_of("BAAI/bge-m3"), "bge-m3");
+        assert_eq!(family_of("bge-m3:latest"), "bge-m3");
+        assert_eq!(
+            family_of("doubao-embedding-vision"),
+            "doubao-embedding-vision"
+        );
     }
 }

@@ -54,3 +54,46 @@ impl Api for OpenAi {
         Ok((indexed.into_iter().map(|(_, v)| v).collect(), tokens))
     }
 }
+
+/// Volcano Ark's multimodal embedding API, where its documentation serves
+/// `doubao-embedding-vision`: `POST {base}/embeddings/multimodal` with
+/// `input: [{"type": "text", "text": ...}]`. Everything in one request
+/// becomes one vector, so each request carries one text (`batch_size` 1;
+/// `concurrency` gives the parallelism).
+pub struct ArkMultimodal;
+
+impl Api for ArkMultimodal {
+    fn kind(&self) -> Kind {
+        Kind::Openai
+    }
+
+    fn max_batch(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    fn embed_url(&self, base: &str) -> String {
+        format!("{base}/embeddings/multimodal")
+    }
+
+    fn request(&self, model: &str, texts: &[&str]) -> Value {
+        let input: Vec<Value> = texts
+            .iter()
+            .map(|t| json!({ "type": "text", "text": t }))
+            .collect();
+        json!({ "model": model, "input": input, "encoding_format": "float" })
+    }
+
+    fn parse(&self, answer: Value) -> Result<(Vec<Vec<f32>>, Option<usize>)> {
+        let tokens = answer["usage"]["prompt_tokens"]
+            .as_u64()
+            .map(|n| n as usize);
+        match &answer["data"] {
+            Value::Object(_) => Ok((
+                vec![floats(&answer["data"]["embedding"], "data.embedding")?],
+                tokens,
+            )),
+            Value::Array(_) => OpenAi.parse(answer),
+            _ => bail!("the answer has no \"data\""),
+        }
+    }
+}

@@ -18,6 +18,11 @@ pub trait Api: Send + Sync {
     fn request(&self, model: &str, texts: &[&str]) -> Value;
     /// Vectors in input order, and the tokens the provider counted, if it says.
     fn parse(&self, answer: Value) -> Result<(Vec<Vec<f32>>, Option<usize>)>;
+    /// The most inputs one request may carry, when the API has a limit.
+    fn max_batch(&self) -> Option<usize> {
+        None
+    }
+
     /// A cheap check that the server is up and has the model, before the first embedding.
     fn check(
         &self,
@@ -61,14 +66,19 @@ impl Remote {
         family: Option<String>,
         dimension: Option<usize>,
     ) -> Self {
+        let batch = batch.clamp(1, api.max_batch().unwrap_or(usize::MAX));
+        let secret = headers
+            .iter()
+            .find(|(k, _)| *k == "Authorization")
+            .map(|(_, v)| v.trim_start_matches("Bearer ").to_string());
         Self {
             name: name.to_string(),
             base: base.trim_end_matches('/').to_string(),
             model: model.to_string(),
             api,
-            client: Client::new(name, policy),
+            client: Client::new(name, policy, secret),
             headers,
-            batch: batch.max(1),
+            batch,
             concurrency: concurrency.max(1),
             family,
             dimension,
@@ -77,7 +87,7 @@ impl Remote {
     }
 
     pub fn describe(&self) -> String {
-        format!("{} at {}", self.model, self.base)
+        format!("{} at {}", self.model, shown_url(&self.base))
     }
 
     /// The identity, learned by embedding one probe text the first time.
@@ -117,6 +127,17 @@ impl Remote {
 
     pub fn embed(&self, inputs: &[Input]) -> Result<Vec<Vector>> {
         let texts: Vec<&str> = inputs.iter().map(|i| i.text).collect();
+        let mut out = self.embed_texts(&texts, false)?;
+        for (v, input) in out.iter_mut().zip(inputs) {
+            if let Some(t) = input.tokens {
+                v.tokens = t.ids.len();
+            }
+        }
+        Ok(out)
+    }
+
+    /// `texts` in batches of `batch`, `concurrency` requests at a time.
+    fn embed_texts(&self, texts: &[&str], first_contact: bool) -> Result<Vec<Vector>> {
         let batches: Vec<&[&str]> = texts.chunks(self.batch).collect();
         let mut results: Vec<Option<Result<Vec<Vector>>>> =
             (0..batches.len()).map(|_| None).collect();
@@ -129,7 +150,7 @@ impl Remote {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(batch) = batches.get(i) else { break };
-                        let r = self.send(batch, false);
+                        let r = self.send(batch, first_contact);
                         let failed = r.is_err();
                         slots.lock().unwrap()[i] = Some(r);
                         if failed {
@@ -140,14 +161,9 @@ impl Remote {
                 });
             }
         });
-        let mut out = Vec::with_capacity(inputs.len());
+        let mut out = Vec::with_capacity(texts.len());
         for r in results {
             out.extend(r.context("a batch was not sent")??);
-        }
-        for (v, input) in out.iter_mut().zip(inputs) {
-            if let Some(t) = input.tokens {
-                v.tokens = t.ids.len();
-            }
         }
         Ok(out)
     }
@@ -189,4 +205,37 @@ pub fn floats(v: &Value, what: &str) -> Result<Vec<f32>> {
                 .ok_or_else(|| anyhow!("{what} holds {x}, not a number"))
         })
         .collect()
+}
+
+/// `url` without what may hold a secret: `user:pass@` and the query.
+pub fn shown_url(url: &str) -> String {
+    let url = url.split(['?', '#']).next().unwrap_or(url);
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('/') {
+            Some((authority, path)) => {
+                let host = authority.rsplit('@').next().unwrap_or(authority);
+                format!("{scheme}://{host}/{path}")
+            }
+            None => format!("{scheme}://{}", rest.rsplit('@').next().unwrap_or(rest)),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_url;
+
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        assert_eq!(
+            shown_url("https://u:p@h.example/v1?api-key=k"),
+            "https://h.example/v1"
+        );
+        assert_eq!(
+            shown_url("http://127.0.0.1:11434"),
+            "http://127.0.0.1:11434"
+        );
+        assert_eq!(shown_url("http://me@h:1"), "http://h:1");
+    }
 }

@@ -122,6 +122,8 @@ pub struct SearchInfo {
     /// `hybrid`, or `keyword` when no embedding was possible.
     pub mode: String,
     pub candidates: usize,
+    /// Why the query was not embedded, when a provider failed (keyword-only then).
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -161,6 +163,7 @@ pub fn search(
         .context("the index is empty: run `recall index` first")?;
     let pool = (options.limit * 40).clamp(100, 1000);
 
+    let mut note = None;
     let embedded = match provider.filter(|_| options.signals != Signals::Keyword) {
         Some(p) => {
             check_model(p, &identity)?;
@@ -171,7 +174,15 @@ pub fn search(
                 sparse: identity.sparse && local.as_ref().is_some_and(|e| e.info().sparse),
                 colbert: options.rerank,
             };
-            Some(embed_query(p, query, outputs)?)
+            match embed_query(p, query, outputs) {
+                Ok(e) => Some(e),
+                // Exact words still find something: better than nothing, and said.
+                Err(e) if options.signals == Signals::Hybrid && !options.rerank => {
+                    note = Some(format!("{}: {e:#}", p.name()));
+                    None
+                }
+                Err(e) => return Err(e),
+            }
         }
         None => None,
     };
@@ -296,6 +307,7 @@ pub fn search(
         SearchInfo {
             mode: mode.into(),
             candidates,
+            note,
         },
     ))
 }
@@ -315,33 +327,40 @@ fn check_model(provider: &dyn Provider, identity: &Identity) -> Result<()> {
     Ok(())
 }
 
-/// The first provider of `chain` that can embed queries for the index
-/// bound to `identity`, or why none can (search is then keyword-only).
+/// The first provider of `chain` that can embed queries for the index in
+/// `store` (the same checks as for writing into it, see
+/// `index::Embedders`), or why none can (search is then keyword-only).
 pub fn query_provider(
     chain: &crate::provider::Chain,
-    identity: &Identity,
-) -> Result<std::sync::Arc<dyn Provider>, crate::provider::Unavailable> {
+    store: &Store,
+) -> Result<Result<std::sync::Arc<dyn Provider>, crate::provider::Unavailable>> {
+    let identity = store
+        .identity()?
+        .context("the index is empty: run `recall index` first")?;
+    let embedders = crate::index::Embedders::new(chain, &identity, store)?;
     let mut reasons = Vec::new();
     for p in chain.providers() {
-        match p.identity() {
-            Ok(mut now) => {
-                now.chunk_tokens = identity.chunk_tokens;
-                now.chunk_overlap = identity.chunk_overlap;
-                if identity.accepts(&now) {
-                    return Ok(p.clone());
-                }
-                reasons.push((
-                    p.name().to_string(),
-                    format!("another model or vector space ({})", now.space()),
-                ));
-            }
-            Err(e) => reasons.push((p.name().to_string(), format!("{e:#}"))),
+        match embedders.may_write(p.as_ref()) {
+            Ok(()) => return Ok(Ok(p.clone())),
+            Err(why) => reasons.push((p.name().to_string(), why)),
         }
     }
-    Err(crate::provider::Unavailable {
+    // Every provider answered, with another model: a setup to fix, not an outage.
+    if embedders.none_of_this_space() {
+        bail!(
+            "the index was built with another model, so its vectors cannot be compared with this query's:\n  {}\n\
+             Search with that model (--model, --provider), or run `recall index --rebuild` with this one.",
+            reasons
+                .iter()
+                .map(|(name, why)| format!("{name}: {why}"))
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        );
+    }
+    Ok(Err(crate::provider::Unavailable {
         space: Some(identity.space()),
         reasons,
-    })
+    }))
 }
 
 fn dense_candidates(

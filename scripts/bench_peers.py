@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""recall's encoder beside ONNX Runtime (f32 and dynamic int8) and PyTorch,
+on the same weights, shapes and thread count, in one run: a table of
+tokens/s, the 1x16 query latency, peak memory, and recall's ratio to each.
+
+    python scripts/bench_peers.py MODEL_DIR [--recall target/release/recall]
+        [--shapes 1x16,1x128,8x128,4x512,1x2048] [--runs 5] [--threads 2]
+        [--peers ort,ort-int8,torch] [--json]
+
+MODEL_DIR is an XLM-R (BGE-M3) directory such as models/bge-m3-random
+(scripts/make_full_bge_m3.py). The ONNX exports are made once into
+$RECALL_PEERS_CACHE (default ~/.cache/recall/peers). Each runtime runs in its
+own process, shapes from small to large, so that its peak memory after a
+shape is its own. Inputs are random token ids (no padding), the same for
+every runtime; the dense output (CLS) is what all compute. Needs the dev
+venv (scripts/dev-venv.sh) plus onnxruntime, onnx and onnxscript.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def shapes_of(text):
+    out = []
+    for s in text.split(","):
+        b, t = s.lower().split("x")
+        out.append((int(b), int(t)))
+    return out
+
+
+def token_ids(batch, tokens, vocab, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed + batch * 100003 + tokens)
+    ids = rng.integers(5, vocab - 1, size=(batch, tokens), dtype=np.int64)
+    ids[:, 0] = 0  # <s>
+    ids[:, -1] = 2  # </s>
+    return ids
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def time_runs(fn, runs):
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), min(times)
+
+
+def cache_dir():
+    d = Path(os.environ.get("RECALL_PEERS_CACHE", Path.home() / ".cache/recall/peers"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def onnx_paths(model_dir):
+    """The f32 export of MODEL_DIR's encoder and its dynamic int8 quantisation, made once."""
+    import torch
+    from transformers import AutoModel
+
+    stamp = f"{Path(model_dir).resolve().name}-{int(os.path.getmtime(Path(model_dir) / 'config.json'))}"
+    f32 = cache_dir() / f"{stamp}.onnx"
+    int8 = cache_dir() / f"{stamp}.int8.onnx"
+    if not f32.exists():
+        print(f"exporting {model_dir} to {f32} (once)", file=sys.stderr)
+        model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        ids = torch.tensor(token_ids(1, 16, model.config.vocab_size))
+        mask = torch.ones_like(ids)
+        import tempfile
+
+        # A model over 2 GB is exported as one file per tensor: into a scratch dir.
+        scratch = tempfile.TemporaryDirectory(dir=cache_dir())
+        tmp = Path(scratch.name) / "model.onnx"
+        torch.onnx.export(
+            model,
+            (ids, mask),
+            str(tmp),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "seq"},
+                "attention_mask": {0: "batch", 1: "seq"},
+                "last_hidden_state": {0: "batch", 1: "seq"},
+            },
+            opset_version=17,
+            dynamo=False,
+        )
+        import onnx
+
+        # The graph, with its weights in one file beside it.
+        m = onnx.load(str(tmp))
+        onnx.save(m, str(f32), save_as_external_data=True, location=f32.name + ".data")
+        scratch.cleanup()
+    if not int8.exists():
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        print(f"quantising {f32} to {int8} (once)", file=sys.stderr)
+        quantize_dynamic(str(f32), str(int8), weight_type=QuantType.QInt8, use_external_data_format=True)
+    return f32, int8
+
+
+def run_peer(peer, model_dir, shapes, runs, threads):
+    """One runtime in this process: a JSON line per shape on stdout."""
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    started = time.perf_counter()
+    if peer in ("ort", "ort-int8"):
+        import onnxruntime as ort
+
+        f32, int8 = onnx_paths(model_dir)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(int8 if peer == "ort-int8" else f32), options, providers=["CPUExecutionProvider"])
+
+        def forward(ids):
+            return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": (ids * 0 + 1)})[0][:, 0]
+    else:
+        import torch
+        from transformers import AutoModel
+
+        torch.set_num_threads(threads)
+        model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+        def forward(ids):
+            with torch.inference_mode():
+                t = torch.from_numpy(ids)
+                return model(input_ids=t, attention_mask=torch.ones_like(t)).last_hidden_state[:, 0]
+    load = time.perf_counter() - started
+    for batch, tokens in shapes:
+        ids = token_ids(batch, tokens, vocab)
+        median, best = time_runs(lambda: forward(ids), runs)
+        print(json.dumps({
+            "peer": peer, "shape": f"{batch}x{tokens}", "median_ms": median * 1e3, "best_ms": best * 1e3,
+            "tokens_per_s": batch * tokens / median, "peak_rss_bytes": peak_rss_bytes(), "load_s": load,
+        }), flush=True)
+
+
+def run_recall(binary, model_dir, shapes, runs, threads):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    spec = ",".join(f"{b}x{t}" for b, t in shapes)
+    out = subprocess.run(
+        [binary, "bench", "--model", model_dir, "--shapes", spec, "--runs", str(runs), "--json"],
+        check=True, capture_output=True, text=True, env=env,
+    ).stdout
+    rows = []
+    for line in out.splitlines():
+        r = json.loads(line)
+        rows.append({"peer": "recall", "shape": r["shape"], "median_ms": r["median_ms"], "best_ms": r["best_ms"],
+                     "tokens_per_s": r["tokens_per_s"], "peak_rss_bytes": r["peak_rss_bytes"]})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--recall", default="target/release/recall")
+    ap.add_argument("--shapes", default="1x16,1x128,8x128,4x512,1x2048")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peers", default="ort,ort-int8,torch")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # internal: run one peer in this process
+    args = ap.parse_args()
+    shapes = shapes_of(args.shapes)
+    if args.only:
+        run_peer(args.only, args.model_dir, shapes, args.runs, args.threads)
+        return
+    if any(p.startswith("ort") for p in args.peers.split(",")):
+        onnx_paths(args.model_dir)  # exports outside the timed processes
+    rows = run_recall(args.recall, args.model_dir, shapes, args.runs, args.threads)
+    for peer in args.peers.split(","):
+        out = subprocess.run(
+            [sys.executable, __file__, args.model_dir, "--only", peer, "--shapes", args.shapes,
+             "--runs", str(args.runs), "--threads", str(args.threads)],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        rows += [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    peers = ["recall"] + args.peers.split(",")
+    by = {(r["peer"], r["shape"]): r for r in rows}
+    weights = sum(p.stat().st_size for p in Path(args.model_dir).glob("model.safetensors"))
+    print(f"{args.model_dir}, {args.threads} threads, median of {args.runs} runs; "
+          f"tokens/s (1x16: latency), peak RSS after the shape; recall / peer in brackets")
+    header = f"{'shape':<8}" + "".join(f"{p:>24}" for p in peers)
+    print(header)
+    for b, t in shapes:
+        s = f"{b}x{t}"
+        cells = []
+        mine = by.get(("recall", s))
+        for p in peers:
+            r = by.get((p, s))
+            if r is None:
+                cells.append(f"{'-':>24}")
+                continue
+            if b == 1 and t <= 16:
+                v = f"{r['median_ms']:.0f} ms"
+                ratio = mine and r["median_ms"] / mine["median_ms"]
+            else:
+                v = f"{r['tokens_per_s']:.0f}"
+                ratio = mine and mine["tokens_per_s"] / r["tokens_per_s"]
+            mem = f"{r['peak_rss_bytes'] / 2**30:.2f}G"
+            rs = f" ({ratio:.2f}x)" if ratio and p != "recall" else ""
+            cells.append(f"{v + ' ' + mem + rs:>24}")
+        print(f"{s:<8}" + "".join(cells))
+    if weights:
+        print(f"weights file: {weights / 2**30:.2f} GiB; 1.25x = {1.25 * weights / 2**30:.2f} GiB")
+    print("ratios > 1 mean recall is faster (for 1x16: peer latency / recall latency)")
+
+
+if __name__ == "__main__":
+    main()
