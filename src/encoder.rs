@@ -189,7 +189,9 @@ impl Encoder {
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Result<Tensor> {
         let heads = self.config.num_heads;
         let head_dim = self.config.hidden_size / heads;
-        let scale = 1.0 / (head_dim as f64).sqrt();
+        // Scaling the queries is one pass over [tokens, hidden]; scaling the
+        // scores would be one over [heads, tokens, tokens].
+        let q = (q * (1.0 / (head_dim as f64).sqrt()))?;
         let mut outputs = Vec::with_capacity(lens.len());
         let mut offset = 0;
         for &len in lens {
@@ -200,14 +202,14 @@ impl Encoder {
                     .transpose(0, 1)?
                     .contiguous()?)
             };
-            let (qs, ks, vs) = (split(q)?, split(k)?, split(v)?);
+            let (qs, ks, vs) = (split(&q)?, split(k)?, split(v)?);
             let kt = ks.t()?;
             let rows = (SCORE_BLOCK_ELEMENTS / (heads * len)).clamp(1, len);
             let mut blocks = Vec::with_capacity(len.div_ceil(rows));
             let mut start = 0;
             while start < len {
                 let n = rows.min(len - start);
-                let scores = (qs.narrow(1, start, n)?.matmul(&kt)? * scale)?;
+                let scores = qs.narrow(1, start, n)?.matmul(&kt)?;
                 let probs = candle_nn::ops::softmax_last_dim(&scores)?;
                 blocks.push(probs.matmul(&vs)?);
                 start += n;

@@ -161,6 +161,8 @@ struct Proxy {
     down: Arc<std::sync::atomic::AtomicBool>,
     embeds: Arc<AtomicUsize>,
     authorization: Arc<Mutex<Vec<String>>>,
+    /// Embedding requests holding this text are refused with 400 (a content filter).
+    refuse: Arc<Mutex<Option<String>>>,
 }
 
 impl Proxy {
@@ -173,25 +175,31 @@ impl Proxy {
             down: Default::default(),
             embeds: Default::default(),
             authorization: Default::default(),
+            refuse: Default::default(),
         };
-        let (faults, down, embeds, auth) = (
+        let (faults, down, embeds, auth, refuse) = (
             proxy.faults.clone(),
             proxy.down.clone(),
             proxy.embeds.clone(),
             proxy.authorization.clone(),
+            proxy.refuse.clone(),
         );
         let upstream = upstream.to_string();
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (faults, down, embeds, auth, upstream) = (
+                let (faults, down, embeds, auth, refuse, upstream) = (
                     faults.clone(),
                     down.clone(),
                     embeds.clone(),
                     auth.clone(),
+                    refuse.clone(),
                     upstream.clone(),
                 );
                 std::thread::spawn(move || {
-                    let _ = handle(stream, &upstream, fake_dims, &faults, &down, &embeds, &auth);
+                    let refused = refuse.lock().unwrap().clone();
+                    let _ = handle(
+                        stream, &upstream, fake_dims, &faults, &down, &embeds, &auth, refused,
+                    );
                 });
             }
         });
@@ -224,6 +232,7 @@ fn handle(
     down: &std::sync::atomic::AtomicBool,
     embeds: &AtomicUsize,
     auth: &Mutex<Vec<String>>,
+    refused: Option<String>,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
@@ -249,6 +258,13 @@ fn handle(
     let mut parts = request_line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
     let is_embed = path.ends_with("/embed") || path.ends_with("/embeddings");
+    if let Some(text) =
+        refused.filter(|t| is_embed && String::from_utf8_lossy(&body).contains(t.as_str()))
+    {
+        embeds.fetch_add(1, Ordering::SeqCst);
+        let answer = json!({"error": format!("content refused: {text}")}).to_string();
+        return respond(&mut stream, 400, "", &answer);
+    }
     if is_embed && fake_dims.is_none() && down.load(Ordering::SeqCst) {
         embeds.fetch_add(1, Ordering::SeqCst);
         return respond(&mut stream, 500, "", r#"{"error":"upstream is down"}"#);
@@ -909,4 +925,49 @@ fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
         out.lines().all(|l| l.contains(r#""mode":"hybrid""#)),
         "{out}"
     );
+}
+
+#[test]
+fn a_message_the_provider_refuses_is_left_out_and_the_rest_indexed() {
+    let serve = server();
+    let proxy = Proxy::start(&serve.base, None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "[providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\nbreaker_failures = 3\n",
+            proxy.base
+        ),
+    );
+    let (_h, home) = hermes_home();
+    let session = "20260302_090000_aa0002";
+    hermes_db(&[
+        "append",
+        home.to_str().unwrap(),
+        session,
+        "user",
+        "a FORBIDDEN-TOPIC message",
+    ]);
+    *proxy.refuse.lock().unwrap() = Some("FORBIDDEN-TOPIC".into());
+    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("refused 1 messages") && err.contains("content refused"),
+        "{err}"
+    );
+    assert_eq!(lag(&home), 1);
+    let rows = stored(&home);
+    assert!(rows.iter().all(|(t, _)| !t.contains("FORBIDDEN")));
+    assert_vectors_are_the_models(&rows);
+    // More refusals than breaker_failures: a refusal is not the provider failing.
+    let before = proxy.embeds.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+        assert_eq!(code, 0, "{err}");
+    }
+    assert!(proxy.embeds.load(Ordering::SeqCst) > before);
+    *proxy.refuse.lock().unwrap() = None;
+    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lag(&home), 0);
 }

@@ -268,6 +268,13 @@ pub fn index_with(
             report.malformed_lines
         );
     }
+    if report.rejected_messages > 0 {
+        eprintln!(
+            "warning: the provider refused {} messages (their reasons are above); they were left out \
+             and are tried again on the next run",
+            report.rejected_messages
+        );
+    }
     if let Some(why) = report.paused {
         let waiting = if report.messages == 0 {
             "nothing was indexed yet; it waits".to_string()

@@ -61,6 +61,9 @@ pub struct Report {
     /// done is kept, and `pending_messages` wait for the next run.
     pub paused: Option<String>,
     pub pending_messages: usize,
+    /// Messages a provider refused (an input too long, a content filter):
+    /// left out of this run, tried again in the next.
+    pub rejected_messages: usize,
 }
 
 /// Progress as work is done: (messages done, messages to do, chunks done, tokens done).
@@ -397,8 +400,9 @@ impl<'a> Embedders<'a> {
         &self,
         inputs: &[Input],
         sparse: bool,
-    ) -> Result<(Vec<Vector>, String), Unavailable> {
+    ) -> Result<(Vec<Vector>, String), NotEmbedded> {
         let mut reasons = Vec::new();
+        let mut rejected = false;
         for p in self.chain.providers() {
             if let Err(why) = self.may_write(p.as_ref()) {
                 reasons.push((p.name().to_string(), why));
@@ -417,13 +421,21 @@ impl<'a> Embedders<'a> {
                 )),
                 Err(e) => {
                     tracing::warn!("{}: {e:#}", p.name());
+                    rejected |= e
+                        .downcast_ref::<crate::provider::http::Rejected>()
+                        .is_some();
                     reasons.push((p.name().to_string(), format!("{e:#}")));
                 }
             }
         }
-        Err(Unavailable {
+        let unavailable = Unavailable {
             space: Some(self.bound.space()),
             reasons,
+        };
+        Err(if rejected {
+            NotEmbedded::Rejected(unavailable)
+        } else {
+            NotEmbedded::Unavailable(unavailable)
         })
     }
 
@@ -479,6 +491,15 @@ pub fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_secs_f64()
+}
+
+/// Why `Embedders::embed` gave nothing.
+pub enum NotEmbedded {
+    /// No provider could work now: pause.
+    Unavailable(Unavailable),
+    /// A provider refused these inputs themselves (one of them, likely):
+    /// look for it, skip it, go on.
+    Rejected(Unavailable),
 }
 
 /// Marks a message of a sparse (BGE-M3) index that a fallback without
@@ -595,13 +616,42 @@ impl Stage<'_> {
         Ok(pending)
     }
 
-    /// Embeds what `group` lacks and assembles its rows, with the cache
-    /// namespace of the provider that embedded them.
+    /// Embeds what `group` lacks and assembles its rows, in batches with the
+    /// cache namespace of the provider that embedded them. When a provider
+    /// refuses the group, it is halved until the message it refuses is
+    /// found; that message is left out (and counted), the rest go on.
     fn embed_group(
         &self,
-        group: Vec<Pending>,
+        mut group: Vec<Pending>,
         report: &mut Report,
-    ) -> Result<(Vec<MessageRow>, String), Unavailable> {
+    ) -> Result<Vec<(Vec<MessageRow>, String)>, Unavailable> {
+        match self.embed_whole(&mut group, report) {
+            Ok(rows) => Ok(vec![rows]),
+            Err(NotEmbedded::Unavailable(u)) => Err(u),
+            Err(NotEmbedded::Rejected(why)) if group.len() == 1 => {
+                report.rejected_messages += 1;
+                tracing::warn!(
+                    "message {} of session {} left out: {why}",
+                    group[0].message.id,
+                    group[0].message.session_id
+                );
+                Ok(Vec::new())
+            }
+            Err(NotEmbedded::Rejected(_)) => {
+                let second = group.split_off(group.len() / 2);
+                let mut rows = self.embed_group(group, report)?;
+                rows.extend(self.embed_group(second, report)?);
+                Ok(rows)
+            }
+        }
+    }
+
+    /// `embed_group` in one call: the group is left as it was on failure.
+    fn embed_whole(
+        &self,
+        group: &mut Vec<Pending>,
+        report: &mut Report,
+    ) -> Result<(Vec<MessageRow>, String), NotEmbedded> {
         let missing: Vec<Input> = group
             .iter()
             .flat_map(|p| p.chunks.iter().filter(|c| c.cached.is_none()))
@@ -623,7 +673,7 @@ impl Stage<'_> {
         };
         let mut embedded = vectors.into_iter();
         let mut rows = Vec::with_capacity(group.len());
-        for p in group {
+        for p in std::mem::take(group) {
             let mut chunks = Vec::with_capacity(p.chunks.len());
             for c in p.chunks {
                 report.chunks += 1;
@@ -711,8 +761,8 @@ impl Stage<'_> {
                     let size = group.len();
                     let embedded = self.embed_group(group, report);
                     report.embed_seconds += started.elapsed().as_secs_f64();
-                    let rows = match embedded {
-                        Ok(rows) => rows,
+                    let batches = match embedded {
+                        Ok(batches) => batches,
                         Err(unavailable) => {
                             self.embedders.refuse_if_none_fits()?;
                             report.paused = Some(unavailable.to_string());
@@ -721,8 +771,9 @@ impl Stage<'_> {
                         }
                     };
                     done += size;
-                    if row_tx.send(rows).is_err() {
-                        break; // the writer failed; its error is reported below
+                    // The writer failing ends the loop; its error is reported below.
+                    if batches.into_iter().any(|rows| row_tx.send(rows).is_err()) {
+                        break;
                     }
                     progress(done, total, report.chunks, report.tokens);
                 }

@@ -66,6 +66,18 @@ impl Default for Policy {
     }
 }
 
+/// Marks an error where the provider refused the request itself (400, 404,
+/// 413, 422: an input too long, a content filter): the provider works, this
+/// input will never pass. Find it with `anyhow::Error::downcast_ref`.
+#[derive(Debug)]
+pub struct Rejected;
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the provider refused the request")
+    }
+}
+
 /// A failed attempt: whether trying again may help.
 pub enum Failure {
     Retry {
@@ -124,7 +136,12 @@ impl Client {
             Some(secret) => {
                 let text = format!("{error:#}");
                 if text.contains(secret.as_str()) {
-                    anyhow!(text.replace(secret.as_str(), "***"))
+                    let redacted = anyhow!(text.replace(secret.as_str(), "***"));
+                    if error.downcast_ref::<Rejected>().is_some() {
+                        redacted.context(Rejected)
+                    } else {
+                        redacted
+                    }
                 } else {
                     error
                 }
@@ -317,6 +334,7 @@ fn read(mut response: ureq::http::Response<ureq::Body>) -> Result<Value, Failure
         401 | 403 => Err(Failure::Fatal(error.context(
             "the API key was refused: check the variable named by api_key_env (or api_key) in config.toml",
         ))),
+        400 | 404 | 413 | 422 => Err(Failure::Fatal(error.context(Rejected))),
         _ => Err(Failure::Fatal(error)),
     }
 }
