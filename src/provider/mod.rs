@@ -177,13 +177,14 @@ pub fn check_vectors(
                     "{provider} returned a non-finite value ({bad}) in the vector of input {i}"
                 ));
             }
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-            if norm == 0.0 {
+            // In f64: squares of huge finite f32 values overflow f32.
+            let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+            if !(norm.is_finite() && norm > 0.0) {
                 return Err(anyhow!(
-                    "{provider} returned an all-zero vector for input {i}"
+                    "{provider} returned a vector of norm {norm} for input {i}"
                 ));
             }
-            v.iter_mut().for_each(|x| *x /= norm);
+            v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
             Ok(v)
         })
         .collect()
