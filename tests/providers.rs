@@ -971,3 +971,62 @@ fn a_message_the_provider_refuses_is_left_out_and_the_rest_indexed() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(lag(&home), 0);
 }
+
+#[test]
+fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_engine() {
+    let serve = server();
+    let (_h, home) = hermes_home();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "[providers.local]\nmodel = \"{}\"\n[providers.nolocal]\ntype = \"local\"\nmodel = \"/nonexistent/model\"\n\
+             [providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\n",
+            tiny_model_dir().display(),
+            serve.base
+        ),
+    );
+    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "local"]);
+    assert_eq!(code, 0, "{err}");
+    let text = "the certificate renewal failed again on friday";
+    hermes_db(&[
+        "append",
+        home.to_str().unwrap(),
+        "20260302_090000_aa0002",
+        "user",
+        text,
+    ]);
+    let sparse_rows = || -> i64 {
+        let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
+        store
+            .conn()
+            .query_row(
+                "SELECT COUNT(*) FROM chunk_sparse s JOIN chunks c ON c.id = s.chunk_id WHERE c.text = ?",
+                [text],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    // The local engine is unavailable: Ollama (same space, checked) writes it, without sparse weights.
+    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "nolocal,ollama"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("embedded by: ollama 1 chunks"), "{err}");
+    assert_eq!(lag(&home), 0);
+    assert_eq!(sparse_rows(), 0);
+    // Still without the local engine, nothing is redone.
+    let (_, out, err) = recall_with(
+        &home,
+        &config,
+        &["index", "--provider", "nolocal,ollama", "--json"],
+    );
+    let report: Value =
+        serde_json::from_str(out.lines().last().unwrap()).unwrap_or_else(|_| panic!("{out}{err}"));
+    assert_eq!(report["embedded_messages"], 0, "{report}");
+    // With it, the message gets its sparse weights.
+    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "local", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(report["embedded_messages"], 1, "{report}");
+    assert!(sparse_rows() > 0);
+    assert_vectors_are_the_models(&stored(&home));
+}
