@@ -168,20 +168,23 @@ impl Encoder {
     }
 
     fn layer_forward(&self, layer: &Layer, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
-        let q = layer.query.forward(x)?;
-        let k = layer.key.forward(x)?;
-        let v = layer.value.forward(x)?;
+        let head_dim = self.config.hidden_size / self.config.num_heads;
+        // Scaling the queries is one pass over [tokens, hidden]; scaling the
+        // scores would be one over [heads, tokens, tokens].
+        let q = project(x, &layer.query, None, 1.0 / (head_dim as f32).sqrt())?;
+        let k = project(x, &layer.key, None, 1.0)?;
+        let v = project(x, &layer.value, None, 1.0)?;
         let context = self.attention(&q, &k, &v, lens)?;
         let attended = layer
             .attn_norm
-            .forward(&layer.attn_out.forward(&context)?.add(x)?)?;
-        let inner = layer.intermediate.forward(&attended)?;
-        let inner = match self.config.activation {
-            Activation::Gelu => inner.gelu_erf()?,
-            Activation::GeluTanh => inner.gelu()?,
-            Activation::Relu => inner.relu()?,
-        };
-        let out = layer.output.forward(&inner)?.add(&attended)?;
+            .forward(&project_add(&context, &layer.attn_out, x)?)?;
+        let inner = project(
+            &attended,
+            &layer.intermediate,
+            Some(self.config.activation),
+            1.0,
+        )?;
+        let out = project_add(&inner, &layer.output, &attended)?;
         Ok(layer.out_norm.forward(&out)?)
     }
 
@@ -189,9 +192,6 @@ impl Encoder {
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Result<Tensor> {
         let heads = self.config.num_heads;
         let head_dim = self.config.hidden_size / heads;
-        // Scaling the queries is one pass over [tokens, hidden]; scaling the
-        // scores would be one over [heads, tokens, tokens].
-        let q = (q * (1.0 / (head_dim as f64).sqrt()))?;
         let mut outputs = Vec::with_capacity(lens.len());
         let mut offset = 0;
         for &len in lens {
@@ -202,7 +202,7 @@ impl Encoder {
                     .transpose(0, 1)?
                     .contiguous()?)
             };
-            let (qs, ks, vs) = (split(&q)?, split(k)?, split(v)?);
+            let (qs, ks, vs) = (split(q)?, split(k)?, split(v)?);
             let kt = ks.t()?;
             let rows = (SCORE_BLOCK_ELEMENTS / (heads * len)).clamp(1, len);
             let mut blocks = Vec::with_capacity(len.div_ceil(rows));
@@ -230,6 +230,33 @@ impl Encoder {
         };
         Ok(out)
     }
+}
+
+/// `act((x · Wᵀ + b) · scale)`: on the CPU the bias, scale and activation
+/// are one parallel pass (`fused::BiasAct`).
+fn project(x: &Tensor, l: &Linear, act: Option<Activation>, scale: f32) -> Result<Tensor> {
+    let y = x.matmul(&l.weight().t()?)?;
+    let bias = l.bias().context("a linear layer without bias")?;
+    if y.device().is_cpu() {
+        return Ok(y.apply_op2_no_bwd(bias, &crate::fused::BiasAct { act, scale })?);
+    }
+    let y = (y.broadcast_add(bias)? * scale as f64)?;
+    Ok(match act {
+        None => y,
+        Some(Activation::Gelu) => y.gelu_erf()?,
+        Some(Activation::GeluTanh) => y.gelu()?,
+        Some(Activation::Relu) => y.relu()?,
+    })
+}
+
+/// `x · Wᵀ + b + residual`, one parallel pass after the matmul on the CPU.
+fn project_add(x: &Tensor, l: &Linear, residual: &Tensor) -> Result<Tensor> {
+    let y = x.matmul(&l.weight().t()?)?;
+    let bias = l.bias().context("a linear layer without bias")?;
+    if y.device().is_cpu() && residual.is_contiguous() {
+        return Ok(y.apply_op3_no_bwd(bias, residual, &crate::fused::BiasResidual)?);
+    }
+    Ok(y.broadcast_add(bias)?.add(residual)?)
 }
 
 /// `x / max(‖x‖₂, 1e-12)` along the last dimension, as `torch.nn.functional.normalize`.

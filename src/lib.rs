@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod embedder;
 pub mod encoder;
+mod fused;
 pub mod heads;
 pub mod hermes_plugin;
 pub mod index;
