@@ -71,10 +71,7 @@ pub type ProgressFn<'a> = &'a (dyn Fn(usize, usize, usize, usize) + Sync);
 
 /// The identity an index built by `embedder` with `chunk` has.
 pub fn identity(embedder: &Embedder, chunk: ChunkParams) -> Identity {
-    let mut identity = crate::provider::local::identity_of(embedder, None);
-    identity.chunk_tokens = chunk.window;
-    identity.chunk_overlap = chunk.overlap;
-    identity
+    crate::provider::local::identity_of(embedder, None).chunked(chunk.window, chunk.overlap)
 }
 
 fn fingerprint(m: &Message) -> String {
@@ -163,9 +160,8 @@ pub fn run(
         // A new index takes the space of the chain's first provider, never of
         // whichever answers (a cloud fallback would be sent the whole history).
         None => match chain.providers().first().map(|p| (p, p.identity())) {
-            Some((_, Ok(mut identity))) => {
-                identity.chunk_tokens = options.chunk.window;
-                identity.chunk_overlap = options.chunk.overlap;
+            Some((_, Ok(identity))) => {
+                let identity = identity.chunked(options.chunk.window, options.chunk.overlap);
                 store.bind(&identity, options.rebuild)?;
                 identity
             }
@@ -295,7 +291,15 @@ pub struct Embedders<'a> {
     /// Stored passages and their vectors, to check a provider other than the index's builder.
     sample: Vec<(String, Vec<f32>)>,
     /// Provider name → None (may write) or why it may not.
-    checked: std::sync::Mutex<HashMap<String, Option<String>>>,
+    checked: std::sync::Mutex<HashMap<String, Option<Refusal>>>,
+}
+
+/// Why a provider may not write into an index.
+#[derive(Clone)]
+struct Refusal {
+    why: String,
+    /// Another space or model: it never will (not a check that failed now).
+    other_model: bool,
 }
 
 impl<'a> Embedders<'a> {
@@ -320,11 +324,12 @@ impl<'a> Embedders<'a> {
     /// Whether `p` may write into (and search) the index now; why not otherwise.
     pub fn may_write(&self, p: &dyn Provider) -> Result<(), String> {
         if let Some(verdict) = self.checked.lock().unwrap().get(p.name()) {
-            return verdict.clone().map_or(Ok(()), Err);
+            return verdict.as_ref().map_or(Ok(()), |r| Err(r.why.clone()));
         }
-        let mut identity = p.identity().map_err(|e| format!("{e:#}"))?;
-        identity.chunk_tokens = self.bound.chunk_tokens;
-        identity.chunk_overlap = self.bound.chunk_overlap;
+        let identity = p
+            .identity()
+            .map_err(|e| format!("{e:#}"))?
+            .chunked(self.bound.chunk_tokens, self.bound.chunk_overlap);
         let verdict = if !self.bound.accepts(&identity) {
             let what = if identity.space() == self.bound.space() {
                 "another model of the same name".to_string()
@@ -335,17 +340,23 @@ impl<'a> Embedders<'a> {
                     self.bound.space()
                 )
             };
-            Some(format!(
-                "{what}, and vectors of two models are never mixed in one index:\n    {}",
-                self.bound.differences(&identity).join("\n    ")
-            ))
+            Some(Refusal {
+                why: format!(
+                    "{what}, and vectors of two models are never mixed in one index:\n    {}",
+                    self.bound.differences(&identity).join("\n    ")
+                ),
+                other_model: true,
+            })
         } else if identity.embedding_key() != self.bound.embedding_key() {
             // Same name, same width, another provider: check that it really
             // gives the vectors the index holds. Failing to answer is not a verdict.
             match self.same_vectors(p) {
                 Ok(()) => None,
                 Err((why, false)) => return Err(why),
-                Err((why, true)) => Some(why),
+                Err((why, true)) => Some(Refusal {
+                    why,
+                    other_model: false,
+                }),
             }
         } else {
             None
@@ -355,7 +366,7 @@ impl<'a> Embedders<'a> {
             .lock()
             .unwrap()
             .insert(p.name().to_string(), verdict.clone());
-        verdict.map_or(Ok(()), Err)
+        verdict.map_or(Ok(()), |r| Err(r.why))
     }
 
     /// Err((why, whether that is a verdict)): a failure to answer is not.
@@ -452,16 +463,14 @@ impl<'a> Embedders<'a> {
     /// Fails, naming each provider's difference, when no provider of the
     /// chain could ever write into this index (all of another space or model).
     pub fn refuse_if_none_fits(&self) -> Result<()> {
-        let reasons: Vec<(String, String)> = self
-            .chain
-            .providers()
-            .iter()
-            .filter_map(|p| {
-                self.may_write(p.as_ref())
-                    .err()
-                    .map(|why| (p.name().to_string(), why))
-            })
-            .collect();
+        // In order, stopping at the first that fits: fallbacks are asked only when needed.
+        let mut reasons = Vec::new();
+        for p in self.chain.providers() {
+            match self.may_write(p.as_ref()) {
+                Ok(()) => return Ok(()),
+                Err(why) => reasons.push((p.name().to_string(), why)),
+            }
+        }
         if self.none_of_this_space() {
             bail!(
                 "{}\nRun `recall index --rebuild` to re-embed everything with the current provider \
@@ -481,7 +490,7 @@ impl<'a> Embedders<'a> {
         self.chain.providers().iter().all(|p| {
             checked
                 .get(p.name())
-                .is_some_and(|v| v.as_ref().is_some_and(|why| why.starts_with("another")))
+                .is_some_and(|v| v.as_ref().is_some_and(|r| r.other_model))
         })
     }
 }

@@ -57,6 +57,14 @@ impl Identity {
         }
     }
 
+    /// `self` cut into chunks as `window`/`overlap` say (a provider's own
+    /// identity knows nothing of chunking).
+    pub fn chunked(mut self, window: usize, overlap: usize) -> Identity {
+        self.chunk_tokens = window;
+        self.chunk_overlap = overlap;
+        self
+    }
+
     /// Whether vectors made under `other` may join an index bound to `self`:
     /// the same space and chunking, and, from the same kind of provider, the
     /// very same local model (changed weights are another model, whatever their name).

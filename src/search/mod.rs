@@ -314,9 +314,9 @@ pub fn search(
 
 /// The query's vector must be of the space the index's vectors are in.
 fn check_model(provider: &dyn Provider, identity: &Identity) -> Result<()> {
-    let mut now = provider.identity()?;
-    now.chunk_tokens = identity.chunk_tokens;
-    now.chunk_overlap = identity.chunk_overlap;
+    let now = provider
+        .identity()?
+        .chunked(identity.chunk_tokens, identity.chunk_overlap);
     if !identity.accepts(&now) {
         bail!(
             "the index was built with another model, so its vectors cannot be compared with this query's:\n  {}\n\
