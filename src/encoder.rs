@@ -18,9 +18,10 @@ use crate::model::weights::Weights;
 const SCORE_BLOCK_ELEMENTS: usize = 32 << 20;
 
 struct Layer {
-    query: Linear,
-    key: Linear,
-    value: Linear,
+    /// Query, key and value stacked, `[3 × hidden, hidden]`: one matmul
+    /// instead of three. The query rows and bias are pre-scaled by
+    /// 1/√head_dim, so attention never scales its scores.
+    qkv: Linear,
     attn_out: Linear,
     attn_norm: LayerNorm,
     intermediate: Linear,
@@ -42,6 +43,24 @@ pub struct Encoder {
 fn linear(w: &Weights, name: &str, out: usize, inp: usize, dev: &Device) -> Result<Linear> {
     let weight = w.get(&format!("{name}.weight"), &[out, inp], dev)?;
     let bias = w.get(&format!("{name}.bias"), &[out], dev)?;
+    Ok(Linear::new(weight, Some(bias)))
+}
+
+fn qkv(w: &Weights, name: &str, h: usize, heads: usize, dev: &Device) -> Result<Linear> {
+    let scale = 1.0 / ((h / heads) as f64).sqrt();
+    let query = linear(w, &format!("{name}.query"), h, h, dev)?;
+    let key = linear(w, &format!("{name}.key"), h, h, dev)?;
+    let value = linear(w, &format!("{name}.value"), h, h, dev)?;
+    let bias = |l: &Linear| l.bias().context("a linear layer without bias").cloned();
+    let weight = Tensor::cat(
+        &[
+            (query.weight() * scale)?,
+            key.weight().clone(),
+            value.weight().clone(),
+        ],
+        0,
+    )?;
+    let bias = Tensor::cat(&[(bias(&query)? * scale)?, bias(&key)?, bias(&value)?], 0)?;
     Ok(Linear::new(weight, Some(bias)))
 }
 
@@ -75,9 +94,7 @@ impl Encoder {
         for i in 0..c.num_layers {
             let p = format!("encoder.layer.{i}");
             layers.push(Layer {
-                query: linear(weights, &format!("{p}.attention.self.query"), h, h, dev)?,
-                key: linear(weights, &format!("{p}.attention.self.key"), h, h, dev)?,
-                value: linear(weights, &format!("{p}.attention.self.value"), h, h, dev)?,
+                qkv: qkv(weights, &format!("{p}.attention.self"), h, c.num_heads, dev)?,
                 attn_out: linear(weights, &format!("{p}.attention.output.dense"), h, h, dev)?,
                 attn_norm: layer_norm(
                     weights,
@@ -168,22 +185,18 @@ impl Encoder {
     }
 
     fn layer_forward(&self, layer: &Layer, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
-        let head_dim = self.config.hidden_size / self.config.num_heads;
-        // Scaling the queries is one pass over [tokens, hidden]; scaling the
-        // scores would be one over [heads, tokens, tokens].
-        let q = project(x, &layer.query, None, 1.0 / (head_dim as f32).sqrt())?;
-        let k = project(x, &layer.key, None, 1.0)?;
-        let v = project(x, &layer.value, None, 1.0)?;
+        let h = self.config.hidden_size;
+        let qkv = project(x, &layer.qkv, None)?;
+        let (q, k, v) = (
+            qkv.narrow(1, 0, h)?,
+            qkv.narrow(1, h, h)?,
+            qkv.narrow(1, 2 * h, h)?,
+        );
         let context = self.attention(&q, &k, &v, lens)?;
         let attended = layer
             .attn_norm
             .forward(&project_add(&context, &layer.attn_out, x)?)?;
-        let inner = project(
-            &attended,
-            &layer.intermediate,
-            Some(self.config.activation),
-            1.0,
-        )?;
+        let inner = project(&attended, &layer.intermediate, Some(self.config.activation))?;
         let out = project_add(&inner, &layer.output, &attended)?;
         Ok(layer.out_norm.forward(&out)?)
     }
@@ -232,15 +245,15 @@ impl Encoder {
     }
 }
 
-/// `act((x · Wᵀ + b) · scale)`: on the CPU the bias, scale and activation
-/// are one parallel pass (`fused::BiasAct`).
-fn project(x: &Tensor, l: &Linear, act: Option<Activation>, scale: f32) -> Result<Tensor> {
-    let y = x.matmul(&l.weight().t()?)?;
+/// `act(x · Wᵀ + b)`: on the CPU the bias and activation are one parallel
+/// pass (`fused::BiasAct`).
+fn project(x: &Tensor, l: &Linear, act: Option<Activation>) -> Result<Tensor> {
+    let y = matmul_t(x, l.weight())?;
     let bias = l.bias().context("a linear layer without bias")?;
     if y.device().is_cpu() {
-        return Ok(y.apply_op2_no_bwd(bias, &crate::fused::BiasAct { act, scale })?);
+        return Ok(y.apply_op2_no_bwd(bias, &crate::fused::BiasAct { act })?);
     }
-    let y = (y.broadcast_add(bias)? * scale as f64)?;
+    let y = y.broadcast_add(bias)?;
     Ok(match act {
         None => y,
         Some(Activation::Gelu) => y.gelu_erf()?,
@@ -251,12 +264,26 @@ fn project(x: &Tensor, l: &Linear, act: Option<Activation>, scale: f32) -> Resul
 
 /// `x · Wᵀ + b + residual`, one parallel pass after the matmul on the CPU.
 fn project_add(x: &Tensor, l: &Linear, residual: &Tensor) -> Result<Tensor> {
-    let y = x.matmul(&l.weight().t()?)?;
+    let y = matmul_t(x, l.weight())?;
     let bias = l.bias().context("a linear layer without bias")?;
     if y.device().is_cpu() && residual.is_contiguous() {
         return Ok(y.apply_op3_no_bwd(bias, residual, &crate::fused::BiasResidual)?);
     }
     Ok(y.broadcast_add(bias)?.add(residual)?)
+}
+
+/// `x · Wᵀ`: recall's kernel for few rows where it runs (`matmul`), else
+/// candle's.
+fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu()
+        && x.dtype() == candle_core::DType::F32
+        && x.is_contiguous()
+        && w.is_contiguous()
+        && crate::matmul::suits(x.dim(0)?, x.dim(1)?)
+    {
+        return Ok(x.apply_op2_no_bwd(w, &crate::matmul::MatmulT)?);
+    }
+    Ok(x.matmul(&w.t()?)?)
 }
 
 /// `x / max(‖x‖₂, 1e-12)` along the last dimension, as `torch.nn.functional.normalize`.

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::model::config::Activation;
 
 /// The contiguous f32 data of a tensor, or why not.
-fn data<'a>(
+pub(crate) fn data<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
     what: &str,
@@ -35,10 +35,9 @@ fn activate(act: Option<Activation>, x: f32) -> f32 {
     }
 }
 
-/// `act((x + bias) * scale)`, `bias` broadcast over the rows of `x`.
+/// `act(x + bias)`, `bias` broadcast over the rows of `x`.
 pub struct BiasAct {
     pub act: Option<Activation>,
-    pub scale: f32,
 }
 
 impl CustomOp2 for BiasAct {
@@ -63,7 +62,7 @@ impl CustomOp2 for BiasAct {
             .zip(x.par_chunks(n))
             .for_each(|(o, row)| {
                 for ((o, &v), &b) in o.iter_mut().zip(row).zip(bias) {
-                    *o = activate(self.act, (v + b) * self.scale);
+                    *o = activate(self.act, v + b);
                 }
             });
         Ok((CpuStorage::F32(out), x_layout.shape().clone()))

@@ -11,6 +11,8 @@ mod fused;
 pub mod heads;
 pub mod hermes_plugin;
 pub mod index;
+#[doc(hidden)]
+pub mod matmul;
 pub mod model;
 pub mod provider;
 pub mod score;

@@ -1,0 +1,64 @@
+//! recall's few-rows matmul kernel beside candle's, on weights that do not
+//! fit in cache: `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
+//! Prints the best of 5 passes over MATRICES (default 12) distinct `[N, K]`
+//! weight matrices, for each side. Thread count: RAYON_NUM_THREADS.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+
+fn best_of_5(mut pass: impl FnMut()) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            pass();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("usage: matmul_probe M K N [MATRICES]: {e}"))?;
+    let [m, k, n] = args[..3] else {
+        anyhow::bail!("usage: matmul_probe M K N [MATRICES]");
+    };
+    let mats = args.get(3).copied().unwrap_or(12);
+    anyhow::ensure!(recall::matmul::available(), "this CPU lacks AVX2/FMA");
+    let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+    let ws: Vec<Vec<f32>> = (0..mats)
+        .map(|j| (0..n * k).map(|i| ((i + j) % 5) as f32 * 0.1).collect())
+        .collect();
+    let xt = Tensor::from_slice(&x, (m, k), &Device::Cpu)?;
+    let wts = ws
+        .iter()
+        .map(|w| Tensor::from_slice(w, (n, k), &Device::Cpu))
+        .collect::<Result<Vec<_>, _>>()?;
+    let reps: usize = std::env::var("REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let recall = best_of_5(|| {
+        for w in ws.iter().cycle().take(mats * reps) {
+            std::hint::black_box(recall::matmul::matmul_t(&x, w, m, k, n));
+        }
+    });
+    let candle = best_of_5(|| {
+        for w in wts.iter().cycle().take(mats * reps) {
+            std::hint::black_box(xt.matmul(&w.t().unwrap()).unwrap());
+        }
+    });
+    let gflops = |s: f64| (2 * m * n * k * mats * reps) as f64 / s / 1e9;
+    println!(
+        "{m}x{k}·{n}ᵀ: recall {:.1} ms ({:.0} GFLOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
+        recall * 1e3,
+        gflops(recall),
+        candle * 1e3,
+        gflops(candle),
+        candle / recall
+    );
+    Ok(())
+}
