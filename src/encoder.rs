@@ -223,7 +223,12 @@ impl Encoder {
             while start < len {
                 let n = rows.min(len - start);
                 let scores = qs.narrow(1, start, n)?.matmul(&kt)?;
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                let probs = if scores.device().is_cpu() && scores.is_contiguous() {
+                    scores.inplace_op1(&crate::fused::SoftmaxInPlace)?;
+                    scores
+                } else {
+                    candle_nn::ops::softmax_last_dim(&scores)?
+                };
                 blocks.push(probs.matmul(&vs)?);
                 start += n;
             }
