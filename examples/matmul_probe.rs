@@ -1,7 +1,9 @@
 //! recall's few-rows matmul kernel beside candle's, on weights that do not
 //! fit in cache: `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
 //! Prints the best of 5 passes over MATRICES (default 12) distinct `[N, K]`
-//! weight matrices, for each side. Thread count: RAYON_NUM_THREADS.
+//! weight matrices, for each side; REPS=N makes each pass go over them N
+//! times (for matrices small enough to stay in cache). Thread count:
+//! RAYON_NUM_THREADS.
 
 use std::time::Instant;
 

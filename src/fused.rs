@@ -142,7 +142,7 @@ impl candle_core::InplaceOp1 for SoftmaxInPlace {
 /// `v = exp(v - shift)` for every element; returns their sum.
 fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::matmul::available() {
+    if crate::matmul::cpu_has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { avx2_exp::exp_in_place(row, shift) };
     }
@@ -220,7 +220,7 @@ mod avx2_exp {
     #[cfg(test)]
     #[test]
     fn matches_libm_expf() {
-        if !crate::matmul::available() {
+        if !crate::matmul::cpu_has_avx2_fma() {
             eprintln!("exp: this CPU lacks AVX2/FMA; libm's expf is used");
             return;
         }

@@ -12,10 +12,10 @@
 //! so each load feeds 3 or 4 FMAs. Columns are split between threads.
 //!
 //! Measured beside candle on this project's 2-core machine (`cargo run
-//! --release --example matmul_probe -- M K N`): 1.9-2.3× at 16 rows,
-//! 1.1-1.3× at 64 to 128 rows of 1024, but 0.8× at 128 rows of 4096 and
-//! 0.6× at 1024 rows, where `gemm`'s packed, broadcast kernel reuses each
-//! load far more. So the encoder calls it only while `x` fits in L2
+//! --release --example matmul_probe -- M K N`): 2.2-3.3× at 16 rows,
+//! 1.2-1.5× at 64 rows of 1024, but 0.8× at 128 rows of 4096 (before the
+//! next-tile prefetch) and 0.6× at 1024 rows, where `gemm`'s packed,
+//! broadcast kernel reuses each load far more. So the encoder calls it only while `x` fits in L2
 //! (`suits`), and candle's beyond.
 //!
 //! Same products, summed in a different order than `gemm`: results differ
@@ -34,13 +34,16 @@ const COLUMNS_PER_TASK: usize = 48;
 /// How far ahead (floats) a weight row is prefetched on its first read.
 const PREFETCH: usize = 256;
 
-/// Whether this CPU runs the kernel (checked once). `RECALL_MATMUL=candle`
-/// turns it off, to compare.
+/// Whether the kernel runs: the CPU has it and `RECALL_MATMUL=candle` (to
+/// compare) did not turn it off.
 pub fn available() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *OFF.get_or_init(|| std::env::var("RECALL_MATMUL").is_ok_and(|v| v == "candle")) {
-        return false;
-    }
+    !*OFF.get_or_init(|| std::env::var("RECALL_MATMUL").is_ok_and(|v| v == "candle"))
+        && cpu_has_avx2_fma()
+}
+
+/// Whether this CPU has AVX2 and FMA (checked once).
+pub(crate) fn cpu_has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

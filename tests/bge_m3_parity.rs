@@ -139,13 +139,7 @@ fn packing_does_not_change_results() {
         .unwrap()
         .embed(&texts, Outputs::ALL)
         .unwrap();
-    // A budget of one token gives every input a forward pass of its own.
-    let options = LoadOptions {
-        max_batch_tokens: 1,
-        cache_dir: Some(cache.path().into()),
-        ..Default::default()
-    };
-    let alone = Embedder::load(&tiny_model_dir(), &options)
+    let alone = load_one_at_a_time(&tiny_model_dir(), cache.path())
         .unwrap()
         .embed(&texts, Outputs::ALL)
         .unwrap();

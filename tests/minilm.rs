@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use recall::{Embedder, LoadOptions, Outputs, score};
+use recall::{Outputs, score};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -45,12 +45,7 @@ fn minilm_matches_sentence_transformers() {
     let got = embedder
         .embed(&[&texts[..], &texts[..]].concat(), Outputs::DENSE)
         .unwrap();
-    let one_at_a_time = LoadOptions {
-        max_batch_tokens: 1,
-        cache_dir: Some(cache.path().into()),
-        ..Default::default()
-    };
-    let alone = Embedder::load(&minilm_dir(), &one_at_a_time)
+    let alone = load_one_at_a_time(&minilm_dir(), cache.path())
         .unwrap()
         .embed(&texts, Outputs::DENSE)
         .unwrap();

@@ -49,6 +49,19 @@ pub fn load(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
     )
 }
 
+/// `load`, with a batch budget of one token: every input gets a forward
+/// pass of its own.
+pub fn load_one_at_a_time(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
+    Embedder::load(
+        dir,
+        &LoadOptions {
+            max_batch_tokens: 1,
+            cache_dir: Some(cache.to_path_buf()),
+            ..Default::default()
+        },
+    )
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "vector lengths differ");
     a.iter()
