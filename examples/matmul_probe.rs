@@ -1,5 +1,5 @@
-//! recall's few-rows matmul kernel beside candle's, on weights that do not
-//! fit in cache: `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
+//! recall's few-rows matmul kernel and its int8 kernel (`quant`) beside
+//! candle's, on weights that do not fit in cache: `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
 //! Prints the best of 5 passes over MATRICES (default 12) distinct `[N, K]`
 //! weight matrices, for each side; REPS=N makes each pass go over them N
 //! times (for matrices small enough to stay in cache). Thread count:
@@ -48,6 +48,15 @@ fn main() -> anyhow::Result<()> {
             std::hint::black_box(recall::matmul::matmul_t(&x, w, m, k, n));
         }
     });
+    let quantized: Vec<_> = ws
+        .iter()
+        .map(|w| recall::quant::QLinear::quantize(w, n, k))
+        .collect();
+    let q8 = best_of_5(|| {
+        for w in quantized.iter().cycle().take(mats * reps) {
+            std::hint::black_box(w.matmul_t(&x, m));
+        }
+    });
     let candle = best_of_5(|| {
         for w in wts.iter().cycle().take(mats * reps) {
             std::hint::black_box(xt.matmul(&w.t().unwrap()).unwrap());
@@ -55,9 +64,11 @@ fn main() -> anyhow::Result<()> {
     });
     let gflops = |s: f64| (2 * m * n * k * mats * reps) as f64 / s / 1e9;
     println!(
-        "{m}x{k}·{n}ᵀ: recall {:.1} ms ({:.0} GFLOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
+        "{m}x{k}·{n}ᵀ: recall {:.1} ms ({:.0} GFLOP/s), q8 {:.1} ms ({:.0} GOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
         recall * 1e3,
         gflops(recall),
+        q8 * 1e3,
+        gflops(q8),
         candle * 1e3,
         gflops(candle),
         candle / recall

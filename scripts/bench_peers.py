@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """recall's encoder beside ONNX Runtime (f32 and dynamic int8) and PyTorch,
 on the same weights, shapes and thread count, in one run: a table of
-tokens/s, the 1x16 query latency, peak memory, and recall's ratio to each.
+tokens/s, the 1x16 query latency, peak memory, and recall's ratio to each
+(recall --dtype q8 for the int8 peers, f32 for the others).
 
     python scripts/bench_peers.py MODEL_DIR [--recall target/release/recall]
         [--shapes 1x16,1x128,8x128,4x512,1x2048] [--runs 5] [--threads 2]
-        [--peers ort,ort-int8,torch] [--json]
+        [--peers ort,ort-int8,torch] [--dtypes f32,q8] [--json]
 
 MODEL_DIR is an XLM-R (BGE-M3) directory such as models/bge-m3-random
 (scripts/make_full_bge_m3.py). The ONNX exports are made once into
@@ -149,17 +150,22 @@ def run_peer(peer, model_dir, shapes, runs, threads):
         }), flush=True)
 
 
-def run_recall(binary, model_dir, shapes, runs, threads):
+def recall_name(dtype):
+    return "recall" if dtype == "f32" else f"recall-{dtype}"
+
+
+def run_recall(binary, model_dir, shapes, runs, threads, dtype):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     spec = ",".join(f"{b}x{t}" for b, t in shapes)
     out = subprocess.run(
-        [binary, "bench", "--model", model_dir, "--shapes", spec, "--runs", str(runs), "--json"],
+        [binary, "bench", "--model", model_dir, "--shapes", spec, "--runs", str(runs), "--json",
+         "--dtype", dtype],
         check=True, capture_output=True, text=True, env=env,
     ).stdout
     rows = []
     for line in out.splitlines():
         r = json.loads(line)
-        rows.append({"peer": "recall", "shape": r["shape"], "median_ms": r["median_ms"], "best_ms": r["best_ms"],
+        rows.append({"peer": recall_name(dtype), "shape": r["shape"], "median_ms": r["median_ms"], "best_ms": r["best_ms"],
                      "tokens_per_s": r["tokens_per_s"], "peak_rss_bytes": r["peak_rss_bytes"]})
     return rows
 
@@ -172,6 +178,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peers", default="ort,ort-int8,torch")
+    ap.add_argument("--dtypes", default="f32,q8", help="recall's --dtype values to run")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", help=argparse.SUPPRESS)  # internal: run one peer in this process
     args = ap.parse_args()
@@ -181,7 +188,10 @@ def main():
         return
     if any(p.startswith("ort") for p in args.peers.split(",")):
         onnx_paths(args.model_dir)  # exports outside the timed processes
-    rows = run_recall(args.recall, args.model_dir, shapes, args.runs, args.threads)
+    dtypes = args.dtypes.split(",")
+    rows = []
+    for dtype in dtypes:
+        rows += run_recall(args.recall, args.model_dir, shapes, args.runs, args.threads, dtype)
     for peer in args.peers.split(","):
         out = subprocess.run(
             [sys.executable, __file__, args.model_dir, "--only", peer, "--shapes", args.shapes,
@@ -193,7 +203,8 @@ def main():
         for r in rows:
             print(json.dumps(r))
         return
-    peers = ["recall"] + args.peers.split(",")
+    mine_names = [recall_name(d) for d in dtypes]
+    peers = mine_names + args.peers.split(",")
     by = {(r["peer"], r["shape"]): r for r in rows}
     weights = sum(p.stat().st_size for p in Path(args.model_dir).glob("model.safetensors"))
     print(f"{args.model_dir}, {args.threads} threads, median of {args.runs} runs; "
@@ -203,8 +214,10 @@ def main():
     for b, t in shapes:
         s = f"{b}x{t}"
         cells = []
-        mine = by.get(("recall", s))
         for p in peers:
+            # int8 peers are compared with recall's q8, the others with f32.
+            base = recall_name("q8" if p.endswith("int8") and "q8" in dtypes else dtypes[0])
+            mine = by.get((base, s))
             r = by.get((p, s))
             if r is None:
                 cells.append(f"{'-':>24}")
@@ -216,12 +229,13 @@ def main():
                 v = f"{r['tokens_per_s']:.0f}"
                 ratio = mine and mine["tokens_per_s"] / r["tokens_per_s"]
             mem = f"{r['peak_rss_bytes'] / 2**30:.2f}G"
-            rs = f" ({ratio:.2f}x)" if ratio and p != "recall" else ""
+            rs = f" ({ratio:.2f}x)" if ratio and p not in mine_names else ""
             cells.append(f"{v + ' ' + mem + rs:>24}")
         print(f"{s:<8}" + "".join(cells))
     if weights:
         print(f"weights file: {weights / 2**30:.2f} GiB; 1.25x = {1.25 * weights / 2**30:.2f} GiB")
-    print("ratios > 1 mean recall is faster (for 1x16: peer latency / recall latency)")
+    print("ratios > 1 mean recall is faster (for 1x16: peer latency / recall latency); "
+          "int8 peers against recall-q8, the others against recall f32")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use rayon::prelude::*;
 
-use crate::encoder::Encoder;
+use crate::encoder::{Dtype, Encoder};
 use crate::heads::{self, M3Heads};
 use crate::model::{ModelFiles, Pooling, Weights};
 use crate::tokenize::{TextTokenizer, Tokens};
@@ -65,6 +65,9 @@ pub struct LoadOptions {
     /// Tokens per forward pass; inputs are packed up to this budget.
     pub max_batch_tokens: usize,
     pub device: Device,
+    /// How the encoder's linear layers hold their weights: `Q8` quantises
+    /// them at load (CPU only).
+    pub dtype: Dtype,
     /// Where converted weights are kept. `None`: `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.
     pub cache_dir: Option<PathBuf>,
 }
@@ -75,6 +78,7 @@ impl Default for LoadOptions {
             max_length: None,
             max_batch_tokens: 16_384,
             device: Device::Cpu,
+            dtype: Dtype::F32,
             cache_dir: None,
         }
     }
@@ -96,6 +100,8 @@ pub struct ModelInfo {
     pub model_max_length: usize,
     pub pooling: Pooling,
     pub normalize: bool,
+    /// The encoder's weights as loaded.
+    pub dtype: Dtype,
     pub load_time: Duration,
     /// The checkpoint was converted to safetensors during this load.
     pub converted: bool,
@@ -146,7 +152,7 @@ impl Embedder {
         };
         let (weights_path, converted) = files.safetensors_weights(&cache_dir, |_, _| {})?;
         let mut weights = Weights::open(&weights_path)?;
-        let encoder = Encoder::load(&files.encoder, &mut weights, &options.device)
+        let encoder = Encoder::load(&files.encoder, &mut weights, &options.device, options.dtype)
             .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
         drop(weights);
         let hidden = files.encoder.hidden_size;
@@ -173,6 +179,7 @@ impl Embedder {
             model_max_length,
             pooling,
             normalize,
+            dtype: options.dtype,
             load_time: started.elapsed(),
             converted,
         };

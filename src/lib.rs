@@ -15,6 +15,7 @@ pub mod index;
 pub mod matmul;
 pub mod model;
 pub mod provider;
+pub mod quant;
 pub mod score;
 pub mod search;
 pub mod serve;
@@ -23,3 +24,4 @@ pub mod tokenize;
 pub mod watch;
 
 pub use embedder::{Embedder, Embedding, LoadOptions, ModelInfo, Outputs, default_device};
+pub use encoder::Dtype;

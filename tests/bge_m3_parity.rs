@@ -264,3 +264,47 @@ fn embedder_is_shared_across_threads() {
         }
     });
 }
+
+/// `--dtype q8`: every output stays close to FlagEmbedding's f32 ones on
+/// the tiny model (measured: dense ≥ 0.9998 cosine, ColBERT ≥ 0.9995; the
+/// integers are the same on every CPU, so these are too).
+#[test]
+fn q8_stays_close_to_flagembedding() {
+    let reference = reference();
+    let cache = tempfile::tempdir().unwrap();
+    let options = recall::LoadOptions {
+        dtype: recall::Dtype::Q8,
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..Default::default()
+    };
+    let embedder = Embedder::load(&tiny_model_dir(), &options).unwrap();
+    assert_eq!(embedder.info().dtype, recall::Dtype::Q8);
+    let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
+    let got = embedder.embed(&texts, Outputs::ALL).unwrap();
+    let (mut dense_min, mut colbert_min) = (f32::MAX, f32::MAX);
+    for (case, e) in reference.cases.iter().zip(&got) {
+        let dense = score::dense(e.dense.as_ref().unwrap(), &case.dense);
+        dense_min = dense_min.min(dense);
+        for (a, b) in e.colbert.as_ref().unwrap().iter().zip(&case.colbert) {
+            colbert_min = colbert_min.min(score::dense(a, b));
+        }
+        let sparse = e.sparse.as_ref().unwrap();
+        let heaviest = case
+            .sparse
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(id, _)| id.parse::<u32>().unwrap());
+        if let Some(id) = heaviest {
+            assert!(
+                sparse.contains_key(&id),
+                "{}: the heaviest lexical token {id} is lost",
+                case.name
+            );
+        }
+    }
+    println!(
+        "q8 vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.5}, ColBERT ≥ {colbert_min:.5}"
+    );
+    assert!(dense_min >= 0.9995, "dense cosine {dense_min}");
+    assert!(colbert_min >= 0.999, "ColBERT cosine {colbert_min}");
+}

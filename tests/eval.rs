@@ -42,26 +42,46 @@ fn metrics(queries: &[&Query], ranked: &BTreeMap<String, Vec<String>>) -> (f64, 
     (hits / n, rr / n)
 }
 
-#[test]
-fn hybrid_beats_dense_only_and_hermes_fts() {
+/// The eval corpus as a Hermes home, and its labelled queries.
+fn eval_home(root: &std::path::Path) -> (std::path::PathBuf, Corpus) {
     let corpus_path = repo_root().join("tests/hermes/eval_corpus.json");
     let corpus: Corpus =
         serde_json::from_str(&std::fs::read_to_string(&corpus_path).unwrap()).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
+    let home = root.join("hermes");
     hermes_db(&[
         "eval-create",
         home.to_str().unwrap(),
         corpus_path.to_str().unwrap(),
     ]);
+    (home, corpus)
+}
 
-    let cache = tempfile::tempdir().unwrap();
-    let embedder = std::sync::Arc::new(load(&minilm_dir(), cache.path()).unwrap());
-    let chain = recall::provider::Chain::new(vec![embedder.clone()]);
-    index_in_process(&chain, &home);
-    let store = Store::open(&home.join("recall/index.db")).unwrap();
+/// Indexes `home` with `embedder` and answers every query of `corpus`.
+struct Ranker<'a> {
+    store: Store,
+    embedder: std::sync::Arc<recall::Embedder>,
+    corpus: &'a Corpus,
+}
 
-    let run_with = |signals: Signals, min_score: f32, scan: Strategy| {
+impl<'a> Ranker<'a> {
+    fn index(home: &std::path::Path, embedder: recall::Embedder, corpus: &'a Corpus) -> Self {
+        let embedder = std::sync::Arc::new(embedder);
+        let chain = recall::provider::Chain::new(vec![embedder.clone()]);
+        index_in_process(&chain, home);
+        let store = Store::open(&home.join("recall/index.db")).unwrap();
+        Self {
+            store,
+            embedder,
+            corpus,
+        }
+    }
+
+    fn rank(
+        &self,
+        signals: Signals,
+        min_score: f32,
+        scan: Strategy,
+    ) -> BTreeMap<String, Vec<String>> {
         let options = SearchOptions {
             limit: 10,
             signals,
@@ -69,19 +89,68 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
             scan,
             ..Default::default()
         };
-        corpus
+        self.corpus
             .queries
             .iter()
             .map(|q| {
                 let (hits, _) =
-                    search::search(&store, Some(&*embedder), &q.query, &options).unwrap();
+                    search::search(&self.store, Some(&*self.embedder), &q.query, &options).unwrap();
                 (
                     q.query.clone(),
                     hits.into_iter().map(|h| h.session_id).collect(),
                 )
             })
-            .collect::<BTreeMap<String, Vec<String>>>()
-    };
+            .collect()
+    }
+
+    fn of_kind(&self, kind: &str) -> Vec<&'a Query> {
+        self.corpus
+            .queries
+            .iter()
+            .filter(|q| q.kind == kind)
+            .collect()
+    }
+}
+
+/// `--dtype q8` (int8 weights) finds what f32 finds: the same hit@5, hybrid
+/// and dense-only, on paraphrases and identifiers.
+#[test]
+fn q8_keeps_hit_at_5() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut table = Vec::new();
+    for dtype in [recall::Dtype::F32, recall::Dtype::Q8] {
+        let (home, corpus) = eval_home(&tmp.path().join(dtype.as_str()));
+        let options = recall::LoadOptions {
+            dtype,
+            cache_dir: Some(cache.path().to_path_buf()),
+            ..Default::default()
+        };
+        let embedder = recall::Embedder::load(&minilm_dir(), &options).unwrap();
+        let ranker = Ranker::index(&home, embedder, &corpus);
+        let (para, ident) = (ranker.of_kind("paraphrase"), ranker.of_kind("identifier"));
+        for signals in [Signals::Hybrid, Signals::Dense] {
+            let ranked = ranker.rank(signals, -1.0, Strategy::Exact);
+            let ((ph, pm), (ih, im)) = (metrics(&para, &ranked), metrics(&ident, &ranked));
+            println!("| {dtype} {signals:?} | {ph:.2} | {pm:.2} | {ih:.2} | {im:.2} |");
+            table.push((signals, ph, ih));
+        }
+    }
+    let (f32_rows, q8_rows) = table.split_at(2);
+    for (f, q) in f32_rows.iter().zip(q8_rows) {
+        assert_eq!(f, q, "hit@5 (paraphrase, identifier) f32 vs q8");
+    }
+}
+
+#[test]
+fn hybrid_beats_dense_only_and_hermes_fts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (home, corpus) = eval_home(tmp.path());
+    let cache = tempfile::tempdir().unwrap();
+    let ranker = Ranker::index(&home, load(&minilm_dir(), cache.path()).unwrap(), &corpus);
+    let (store, embedder) = (&ranker.store, &ranker.embedder);
+    let run_with =
+        |signals: Signals, min_score: f32, scan: Strategy| ranker.rank(signals, min_score, scan);
     let run = |signals: Signals, min_score: f32| run_with(signals, min_score, Strategy::Exact);
     // Ranking quality without the relevance cut-off; the cut-off is judged on absent topics below.
     let hybrid = run(Signals::Hybrid, -1.0);
@@ -94,14 +163,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
     let fts: BTreeMap<String, Vec<String>> =
         serde_json::from_value(hermes_db(&args)["results"].clone()).unwrap();
 
-    let of_kind = |kind: &str| {
-        corpus
-            .queries
-            .iter()
-            .filter(|q| q.kind == kind)
-            .collect::<Vec<_>>()
-    };
-    let (para, ident) = (of_kind("paraphrase"), of_kind("identifier"));
+    let (para, ident) = (ranker.of_kind("paraphrase"), ranker.of_kind("identifier"));
     println!(
         "| search | paraphrase hit@5 | paraphrase MRR@10 | identifier hit@5 | identifier MRR@10 |"
     );
@@ -146,7 +208,7 @@ fn hybrid_beats_dense_only_and_hermes_fts() {
         ..Default::default()
     };
     for q in &corpus.queries {
-        let (hits, _) = search::search(&store, Some(&*embedder), &q.query, &options).unwrap();
+        let (hits, _) = search::search(store, Some(&**embedder), &q.query, &options).unwrap();
         let best = hits
             .iter()
             .find(|h| q.relevant.is_empty() || q.relevant.contains(&h.session_id));

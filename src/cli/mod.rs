@@ -151,6 +151,16 @@ pub struct ModelArgs {
     /// Never download: without a model on disk, say how to bring one. Also HF_HUB_OFFLINE=1.
     #[arg(long)]
     offline: bool,
+    /// Weights of the encoder's linear layers: f32 (as the checkpoint), or q8 (int8,
+    /// quantised at load: several times faster on CPUs with AVX-512 VNNI, vectors within
+    /// about 0.99 cosine of f32; an index keeps to one of them). CPU only.
+    #[arg(
+        long,
+        value_name = "DTYPE",
+        env = "RECALL_DTYPE",
+        default_value = "f32"
+    )]
+    dtype: recall::Dtype,
 }
 
 impl ModelArgs {
@@ -201,7 +211,11 @@ impl ModelArgs {
         let options = LoadOptions {
             max_length: self.max_length,
             max_batch_tokens: self.batch_tokens,
-            device: recall::default_device()?,
+            device: match self.dtype {
+                recall::Dtype::F32 => recall::default_device()?,
+                recall::Dtype::Q8 => candle_core::Device::Cpu,
+            },
+            dtype: self.dtype,
             cache_dir: None,
         };
         let embedder = Embedder::load(&dir, &options)?;

@@ -101,6 +101,12 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
         ),
         _ => (dir_name, "local".to_string()),
     };
+    // int8 vectors are close to the f32 ones but not the same: an index
+    // keeps to one of them (and so does the embedding cache).
+    let revision = match info.dtype {
+        crate::Dtype::F32 => revision,
+        dtype => format!("{revision}+{dtype}"),
+    };
     Identity {
         provider: Kind::Local.as_str().into(),
         family: family.map_or_else(|| family_of(&model), str::to_string),
@@ -157,7 +163,11 @@ impl Provider for Embedder {
     }
 
     fn describe(&self) -> String {
-        format!("{} (recall's engine)", self.info().dir.display())
+        let info = self.info();
+        match info.dtype {
+            crate::Dtype::F32 => format!("{} (recall's engine)", info.dir.display()),
+            dtype => format!("{} (recall's engine, {dtype})", info.dir.display()),
+        }
     }
 
     fn identity(&self) -> Result<Identity> {

@@ -1,0 +1,504 @@
+//! int8 linear layers, for `--dtype q8`.
+//!
+//! Weights are quantised once, at load: symmetric, one scale per output
+//! column (`w ≈ scale · q`, `q` in -127..=127). Activations are quantised
+//! per call: asymmetric, one scale and zero point per input row (`x ≈
+//! scale · (q - zero)`, `q` in 0..=255), which keeps the full 8 bits for
+//! GELU's lopsided outputs. The products are summed exactly in i32 and
+//! turned back into f32 with both scales and the zero point's correction
+//! (`zero · Σ q_w`, precomputed per column).
+//!
+//! The weights are packed for the kernel: panels of 64 output columns, and
+//! within a panel, for each group of 4 input positions, 64 columns × 4
+//! bytes, which is one `vpdpbusd` operand per 16 columns. A tile is 6 input
+//! rows × 64 columns of i32 accumulators (24 of the 32 AVX-512 registers):
+//! each weight load feeds 6 multiply-adds, each broadcast input feeds 4,
+//! and nothing is reduced across lanes. Panels are split between threads.
+//!
+//! The kernel needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4).
+//! Elsewhere a portable loop computes the very same integers, so results
+//! are identical on every CPU, only slower.
+
+use rayon::prelude::*;
+
+/// Output columns per panel: four registers of 16 i32 lanes.
+const PANEL: usize = 64;
+/// Input rows per tile.
+const TILE_ROWS: usize = 6;
+/// Bytes summed into one i32 lane by one `vpdpbusd`.
+const GROUP: usize = 4;
+
+/// A linear layer's weight `[n, k]`, quantised and packed.
+pub struct QLinear {
+    n: usize,
+    k: usize,
+    /// `k` rounded up to a whole group.
+    kp: usize,
+    /// `[panels][kp / GROUP][PANEL][GROUP]`, zero past `n` and `k`.
+    packed: Vec<i8>,
+    /// Per output column (padded to whole panels).
+    scales: Vec<f32>,
+    /// Per output column: the sum of its quantised weights.
+    sums: Vec<i32>,
+}
+
+impl QLinear {
+    /// Quantises and packs `w: [n, k]` (row-major f32).
+    pub fn quantize(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "w is not [n, k]");
+        let kp = k.next_multiple_of(GROUP);
+        let np = n.next_multiple_of(PANEL);
+        let mut rows = vec![0i8; np * kp];
+        let mut scales = vec![0f32; np];
+        let mut sums = vec![0i32; np];
+        rows.par_chunks_mut(kp)
+            .zip(scales.par_iter_mut().zip(sums.par_iter_mut()))
+            .zip(w.par_chunks(k.max(1)))
+            .for_each(|((q, (scale, sum)), row)| {
+                let max = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                *scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+                let inv = 1.0 / *scale;
+                for (q, &v) in q.iter_mut().zip(row) {
+                    // Rounds half up: truncation of a value made positive.
+                    *q = ((v * inv + 128.5).clamp(1.0, 255.0) as i32 - 128) as i8;
+                }
+                *sum = q.iter().map(|&v| v as i32).sum();
+            });
+        let mut packed = vec![0i8; np * kp];
+        packed
+            .par_chunks_mut(PANEL * kp)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for (g, block) in panel.chunks_mut(PANEL * GROUP).enumerate() {
+                    for (c, lanes) in block.chunks_mut(GROUP).enumerate() {
+                        let at = (p * PANEL + c) * kp + g * GROUP;
+                        lanes.copy_from_slice(&rows[at..at + GROUP]);
+                    }
+                }
+            });
+        Self {
+            n,
+            k,
+            kp,
+            packed,
+            scales,
+            sums,
+        }
+    }
+
+    /// Output columns.
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// Input columns.
+    pub fn in_features(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held: what the layer costs in memory.
+    pub fn bytes(&self) -> usize {
+        self.packed.len() + 8 * self.scales.len()
+    }
+
+    /// `x · Wᵀ` for `x: [m, k]` (row-major f32): `[m, n]`.
+    pub fn matmul_t(&self, x: &[f32], m: usize) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.k, "x is not [m, k]");
+        let (n, np) = (self.n, self.scales.len());
+        if m == 0 || n == 0 {
+            return vec![0f32; m * n];
+        }
+        let vnni = has_vnni();
+        let rows = QuantRows::new(x, m, self.k, self.kp, vnni);
+        let mut out = Vec::<f32>::with_capacity(m * np);
+        let dst = Dst(out.as_mut_ptr());
+        (0..np / PANEL).into_par_iter().for_each(|p| {
+            let panel = &self.packed[p * PANEL * self.kp..(p + 1) * PANEL * self.kp];
+            let cols = p * PANEL..(p + 1) * PANEL;
+            for i in (0..m).step_by(TILE_ROWS) {
+                let tile = Tile {
+                    x: &rows.data[i * self.kp..(i + TILE_ROWS) * self.kp],
+                    kp: self.kp,
+                    panel,
+                    x_scales: &rows.scales[i..i + TILE_ROWS],
+                    x_zeros: &rows.zeros[i..i + TILE_ROWS],
+                    w_scales: &self.scales[cols.clone()],
+                    w_sums: &self.sums[cols.clone()],
+                    rows: TILE_ROWS.min(m - i),
+                };
+                // SAFETY: rows i..i + tile.rows are inside `out` (m rows of
+                // np); the columns of panel p are this task's alone.
+                let out = unsafe { dst.at(i * np + p * PANEL) };
+                #[cfg(target_arch = "x86_64")]
+                if vnni {
+                    // SAFETY: `has_vnni()` held.
+                    unsafe { tile_vnni(&tile, out, np) };
+                    continue;
+                }
+                // SAFETY: as above.
+                unsafe { tile_portable(&tile, out, np) };
+            }
+        });
+        // SAFETY: the tiles wrote every element of the m rows.
+        unsafe { out.set_len(m * np) };
+        if np != n {
+            out = out.chunks(np).flat_map(|r| &r[..n]).copied().collect();
+        }
+        out
+    }
+}
+
+/// Whether this CPU runs the AVX-512 VNNI kernel (checked once).
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Activations quantised per row, padded to whole tiles (padding rows are
+/// zero and dropped from the output) and to whole groups.
+struct QuantRows {
+    /// `[mp, kp]`
+    data: Vec<u8>,
+    scales: Vec<f32>,
+    zeros: Vec<i32>,
+}
+
+impl QuantRows {
+    fn new(x: &[f32], m: usize, k: usize, kp: usize, avx512: bool) -> Self {
+        let mp = m.next_multiple_of(TILE_ROWS);
+        let mut data = vec![0u8; mp * kp];
+        let mut scales = vec![0f32; mp];
+        let mut zeros = vec![0i32; mp];
+        data.par_chunks_mut(kp)
+            .zip(scales.par_iter_mut().zip(zeros.par_iter_mut()))
+            .zip(x.par_chunks(k))
+            .for_each(|((q, (scale, zero)), row)| {
+                // The range always holds 0, so 0 is exact (padding, ReLU).
+                #[cfg(target_arch = "x86_64")]
+                if avx512 {
+                    // SAFETY: the caller saw AVX-512 (`has_vnni`).
+                    let (lo, hi) = unsafe { avx512::range(row) };
+                    let (s, z, inv, shift) = Self::params(lo, hi);
+                    (*scale, *zero) = (s, z);
+                    unsafe { avx512::quantize(q, row, inv, shift) };
+                    return;
+                }
+                let _ = avx512;
+                let (lo, hi) = row
+                    .iter()
+                    .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                let (s, z, inv, shift) = Self::params(lo, hi);
+                (*scale, *zero) = (s, z);
+                for (q, &v) in q.iter_mut().zip(row) {
+                    *q = (v * inv + shift).clamp(0.0, 255.0) as u8;
+                }
+            });
+        Self {
+            data,
+            scales,
+            zeros,
+        }
+    }
+
+    /// A row's scale, zero point, and what `quantize` multiplies and adds:
+    /// `q = clamp(v · inv + shift)` truncated, which rounds half up.
+    fn params(lo: f32, hi: f32) -> (f32, i32, f32, f32) {
+        let scale = if hi > lo { (hi - lo) / 255.0 } else { 1.0 };
+        let inv = 1.0 / scale;
+        let zero = ((-lo * inv + 0.5) as i32).clamp(0, 255);
+        (scale, zero, inv, zero as f32 + 0.5)
+    }
+}
+
+/// The AVX-512 versions of `QuantRows`' loops: the same floats in the same
+/// order, so the same bytes.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// `(min(0, row), max(0, row))`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn range(row: &[f32]) -> (f32, f32) {
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let chunks = row.chunks_exact(16);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+            lo = _mm512_min_ps(lo, v);
+            hi = _mm512_max_ps(hi, v);
+        }
+        let (lo, hi) = (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
+        tail.iter()
+            .fold((lo, hi), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+    }
+
+    /// `q = clamp(v · inv + shift, 0, 255)` truncated, as the portable loop.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn quantize(q: &mut [u8], row: &[f32], inv: f32, shift: f32) {
+        let (inv_v, shift_v) = (_mm512_set1_ps(inv), _mm512_set1_ps(shift));
+        let (zero, top) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
+        let lanes = row.len() / 16 * 16;
+        for i in (0..lanes).step_by(16) {
+            unsafe {
+                let v = _mm512_add_ps(
+                    _mm512_mul_ps(_mm512_loadu_ps(row.as_ptr().add(i)), inv_v),
+                    shift_v,
+                );
+                // max(NaN, 0) is 0, as `clamp` then `as u8` make it.
+                let v = _mm512_min_ps(_mm512_max_ps(v, zero), top);
+                let bytes = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v));
+                _mm_storeu_si128(q.as_mut_ptr().add(i) as *mut __m128i, bytes);
+            }
+        }
+        for (q, &v) in q[lanes..].iter_mut().zip(&row[lanes..]) {
+            *q = (v * inv + shift).clamp(0.0, 255.0) as u8;
+        }
+    }
+}
+
+/// One tile's inputs: TILE_ROWS quantised input rows against one panel.
+struct Tile<'a> {
+    /// TILE_ROWS rows of `kp` bytes.
+    x: &'a [u8],
+    kp: usize,
+    /// kp / GROUP blocks of PANEL × GROUP.
+    panel: &'a [i8],
+    x_scales: &'a [f32],
+    x_zeros: &'a [i32],
+    w_scales: &'a [f32],
+    w_sums: &'a [i32],
+    /// Rows to write (the rest are padding).
+    rows: usize,
+}
+
+impl Tile<'_> {
+    /// The f32 output of one accumulated integer.
+    fn output(&self, r: usize, c: usize, acc: i32) -> f32 {
+        (acc - self.x_zeros[r] * self.w_sums[c]) as f32 * (self.x_scales[r] * self.w_scales[c])
+    }
+}
+
+/// The output buffer, shared by tasks that write disjoint columns.
+struct Dst(*mut f32);
+unsafe impl Sync for Dst {}
+
+impl Dst {
+    /// # Safety
+    /// `offset` is inside the buffer.
+    unsafe fn at(&self, offset: usize) -> *mut f32 {
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// One tile in plain Rust, written to `out` (rows `stride` apart): the
+/// same integers, and so the same floats, as `tile_vnni`.
+///
+/// # Safety
+/// `out` has `tile.rows` rows of PANEL floats, `stride` apart.
+unsafe fn tile_portable(tile: &Tile, out: *mut f32, stride: usize) {
+    let mut acc = [[0i32; PANEL]; TILE_ROWS];
+    for (g, block) in tile.panel.chunks_exact(PANEL * GROUP).enumerate() {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let xs = &tile.x[r * tile.kp + g * GROUP..][..GROUP];
+            for (a, w) in acc.iter_mut().zip(block.chunks_exact(GROUP)) {
+                *a += (0..GROUP).map(|b| xs[b] as i32 * w[b] as i32).sum::<i32>();
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate().take(tile.rows) {
+        for (c, &a) in acc.iter().enumerate() {
+            unsafe { *out.add(r * stride + c) = tile.output(r, c, a) };
+        }
+    }
+}
+
+/// One tile with `vpdpbusd` (u8 × i8, four products summed into each i32
+/// lane, exactly: no saturation), the scales applied in registers.
+///
+/// # Safety
+/// The CPU has AVX-512 VNNI; `out` as for `tile_portable`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn tile_vnni(tile: &Tile, out: *mut f32, stride: usize) {
+    use std::arch::x86_64::*;
+    const REGS: usize = PANEL / 16;
+    let kp = tile.kp;
+    assert!(tile.x.len() >= TILE_ROWS * kp && tile.panel.len() >= kp * PANEL);
+    unsafe {
+        let mut sums = [[_mm512_setzero_si512(); REGS]; TILE_ROWS];
+        let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr());
+        for g in 0..kp / GROUP {
+            let block = w.add(g * PANEL * GROUP);
+            let wv: [__m512i; REGS] =
+                std::array::from_fn(|c| _mm512_loadu_si512(block.add(c * 64) as *const _));
+            for (r, sums) in sums.iter_mut().enumerate() {
+                let four = (x.add(r * kp + g * GROUP) as *const i32).read_unaligned();
+                let xv = _mm512_set1_epi32(four);
+                for c in 0..REGS {
+                    sums[c] = _mm512_dpbusd_epi32(sums[c], xv, wv[c]);
+                }
+            }
+        }
+        let w_scales: [__m512; REGS] =
+            std::array::from_fn(|c| _mm512_loadu_ps(tile.w_scales.as_ptr().add(c * 16)));
+        let w_sums: [__m512i; REGS] = std::array::from_fn(|c| {
+            _mm512_loadu_si512(tile.w_sums.as_ptr().add(c * 16) as *const _)
+        });
+        for (r, sums) in sums.iter().enumerate().take(tile.rows) {
+            let zero = _mm512_set1_epi32(tile.x_zeros[r]);
+            let scale = _mm512_set1_ps(tile.x_scales[r]);
+            for c in 0..REGS {
+                let v = _mm512_sub_epi32(sums[c], _mm512_mullo_epi32(zero, w_sums[c]));
+                let y = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(scale, w_scales[c]));
+                _mm512_storeu_ps(out.add(r * stride + c * 16), y);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: usize, amplitude: f32) -> Vec<f32> {
+        (0..len)
+            .map(|v| (((v * seed) % 1999) as f32 / 999.5 - 1.0) * amplitude)
+            .collect()
+    }
+
+    /// The kernel's integers, one output at a time, from unpacked data.
+    fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let q = QLinear::quantize(w, n, k);
+        let rows = QuantRows::new(x, m, k, q.kp, false);
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0i32;
+                for p in 0..k {
+                    let packed = (j / PANEL) * PANEL * q.kp
+                        + (p / GROUP) * PANEL * GROUP
+                        + (j % PANEL) * GROUP
+                        + p % GROUP;
+                    acc += rows.data[i * q.kp + p] as i32 * q.packed[packed] as i32;
+                }
+                out[i * n + j] =
+                    (acc - rows.zeros[i] * q.sums[j]) as f32 * (rows.scales[i] * q.scales[j]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn kernel_gives_the_reference_integers_at_every_edge() {
+        for &(m, k, n) in &[
+            (1, 4, 1),
+            (5, 13, 7),
+            (7, 1024, 130),
+            (16, 384, 64),
+            (13, 4096, 3),
+        ] {
+            let (x, w) = (values(m * k, 7919, 3.0), values(n * k, 104729, 0.1));
+            let q = QLinear::quantize(&w, n, k);
+            assert_eq!(q.matmul_t(&x, m), reference(&x, &w, m, k, n), "{m}x{k}x{n}");
+        }
+    }
+
+    #[test]
+    fn portable_and_vnni_paths_agree() {
+        if !has_vnni() {
+            eprintln!("quant: this CPU lacks AVX-512 VNNI; only the portable tile runs");
+            return;
+        }
+        let (m, k, kp) = (7, 1030, 1032);
+        let x = values(m * k, 7919, 3.0);
+        let (a, b) = (
+            QuantRows::new(&x, m, k, kp, false),
+            QuantRows::new(&x, m, k, kp, true),
+        );
+        assert_eq!(
+            (&a.data, &a.scales, &a.zeros),
+            (&b.data, &b.scales, &b.zeros)
+        );
+        let panel: Vec<i8> = (0..PANEL * kp)
+            .map(|v| ((v * 17 % 255) as i32 - 127) as i8)
+            .collect();
+        let w_scales: Vec<f32> = (0..PANEL).map(|c| 0.001 * (c + 1) as f32).collect();
+        let w_sums: Vec<i32> = (0..PANEL).map(|c| c as i32 * 37 - 900).collect();
+        let tile = Tile {
+            x: &a.data[..TILE_ROWS * kp],
+            kp,
+            panel: &panel,
+            x_scales: &a.scales[..TILE_ROWS],
+            x_zeros: &a.zeros[..TILE_ROWS],
+            w_scales: &w_scales,
+            w_sums: &w_sums,
+            rows: 5,
+        };
+        let (mut p, mut v) = (
+            vec![-1f32; TILE_ROWS * PANEL],
+            vec![-1f32; TILE_ROWS * PANEL],
+        );
+        unsafe { tile_portable(&tile, p.as_mut_ptr(), PANEL) };
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            tile_vnni(&tile, v.as_mut_ptr(), PANEL)
+        };
+        assert_eq!(p, v);
+        assert!(
+            p[5 * PANEL..].iter().all(|&y| y == -1.0),
+            "a padding row was written"
+        );
+    }
+
+    #[test]
+    fn close_to_the_f32_product() {
+        let (m, k, n) = (9, 1024, 70);
+        let (x, w) = (values(m * k, 7919, 3.0), values(n * k, 104729, 0.1));
+        let got = QLinear::quantize(&w, n, k).matmul_t(&x, m);
+        for i in 0..m {
+            for j in 0..n {
+                let exact: f32 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
+                let norm = (0..k)
+                    .map(|p| (x[i * k + p] * w[j * k + p]).abs())
+                    .sum::<f32>();
+                let err = (got[i * n + j] - exact).abs();
+                assert!(
+                    err <= 0.01 * norm,
+                    "({i}, {j}): {} vs {exact}",
+                    got[i * n + j]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn zero_rows_and_columns_stay_zero() {
+        let (m, k, n) = (3, 8, 2);
+        let x = vec![0f32; m * k];
+        let w = values(n * k, 13, 1.0);
+        assert!(
+            QLinear::quantize(&w, n, k)
+                .matmul_t(&x, m)
+                .iter()
+                .all(|&v| v == 0.0)
+        );
+        let x = values(m * k, 7, 1.0);
+        let w = vec![0f32; n * k];
+        assert!(
+            QLinear::quantize(&w, n, k)
+                .matmul_t(&x, m)
+                .iter()
+                .all(|&v| v == 0.0)
+        );
+    }
+}
