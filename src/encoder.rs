@@ -189,6 +189,11 @@ impl Encoder {
         if dtype == Dtype::Q8 && !device.is_cpu() {
             anyhow::bail!("--dtype q8 runs on the CPU only, not on {device:?}");
         }
+        if dtype == Dtype::Q8 && crate::quant::Kernel::get() == crate::quant::Kernel::Portable {
+            tracing::warn!(
+                "--dtype q8: this CPU has neither AVX-512 VNNI nor AVX2, so int8 runs a portable                  loop, much slower than f32"
+            );
+        }
         weights.detect_prefix("embeddings.word_embeddings.weight")?;
         let c = config;
         let (h, dev) = (c.hidden_size, device);

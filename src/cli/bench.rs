@@ -327,11 +327,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let threads = candle_core::utils::get_num_threads();
     if !args.json {
         println!(
-            "model {} ({}, {} dims, weights {}), loaded in {:.2}s, {threads} threads, peak RSS after load {}",
+            "model {} ({}, {} dims, weights {}, {}), loaded in {:.2}s, {threads} threads, peak RSS after load {}",
             info.dir.display(),
             info.model_type,
             info.dense_dim,
             info.weights.display(),
+            match info.dtype {
+                recall::Dtype::F32 => "f32".to_string(),
+                recall::Dtype::Q8 => format!("q8, {:?} kernel", recall::quant::Kernel::get()),
+            },
             info.load_time.as_secs_f64(),
             mib(bench::peak_rss()),
         );
