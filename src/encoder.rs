@@ -338,50 +338,72 @@ impl Encoder {
 
     /// Scaled dot-product attention within each packed input.
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Result<Tensor> {
-        let heads = self.config.num_heads;
-        let head_dim = self.config.hidden_size / heads;
-        let mut outputs = Vec::with_capacity(lens.len());
-        let mut offset = 0;
-        for &len in lens {
-            // [len, hidden] -> [heads, len, head_dim]
-            let split = |t: &Tensor| -> Result<Tensor> {
-                Ok(t.narrow(0, offset, len)?
-                    .reshape((len, heads, head_dim))?
-                    .transpose(0, 1)?
-                    .contiguous()?)
-            };
-            let (qs, ks, vs) = (split(q)?, split(k)?, split(v)?);
-            let kt = ks.t()?;
-            let rows = (SCORE_BLOCK_ELEMENTS / (heads * len)).clamp(1, len);
-            let mut blocks = Vec::with_capacity(len.div_ceil(rows));
-            let mut start = 0;
-            while start < len {
-                let n = rows.min(len - start);
-                let scores = qs.narrow(1, start, n)?.matmul(&kt)?;
-                let probs = if scores.device().is_cpu() && scores.is_contiguous() {
-                    scores.inplace_op1(&crate::fused::SoftmaxInPlace)?;
-                    scores
-                } else {
-                    candle_nn::ops::softmax_last_dim(&scores)?
-                };
-                blocks.push(probs.matmul(&vs)?);
-                start += n;
-            }
-            let context = if blocks.len() == 1 {
-                blocks.pop().unwrap()
-            } else {
-                Tensor::cat(&blocks, 1)?
-            };
-            // [heads, len, head_dim] -> [len, hidden]
-            outputs.push(context.transpose(0, 1)?.reshape((len, heads * head_dim))?);
-            offset += len;
-        }
+        let inputs: Vec<(usize, usize)> = lens
+            .iter()
+            .scan(0, |offset, &len| {
+                *offset += len;
+                Some((*offset - len, len))
+            })
+            .collect();
+        let one = |&(offset, len): &(usize, usize)| self.attention_one(q, k, v, offset, len);
+        // Inputs side by side on the CPU: each one's splits and joins are
+        // copies on one thread, which left the other cores idle.
+        let mut outputs = if q.device().is_cpu() && inputs.len() > 1 {
+            use rayon::prelude::*;
+            inputs.par_iter().map(one).collect::<Result<Vec<_>>>()?
+        } else {
+            inputs.iter().map(one).collect::<Result<Vec<_>>>()?
+        };
         let out = if outputs.len() == 1 {
             outputs.pop().unwrap()
         } else {
             Tensor::cat(&outputs, 0)?
         };
         Ok(out)
+    }
+
+    /// Attention within the input at rows `offset..offset + len`.
+    fn attention_one(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        offset: usize,
+        len: usize,
+    ) -> Result<Tensor> {
+        let heads = self.config.num_heads;
+        let head_dim = self.config.hidden_size / heads;
+        // [len, hidden] -> [heads, len, head_dim]
+        let split = |t: &Tensor| -> Result<Tensor> {
+            Ok(t.narrow(0, offset, len)?
+                .reshape((len, heads, head_dim))?
+                .transpose(0, 1)?
+                .contiguous()?)
+        };
+        let (qs, ks, vs) = (split(q)?, split(k)?, split(v)?);
+        let kt = ks.t()?;
+        let rows = (SCORE_BLOCK_ELEMENTS / (heads * len)).clamp(1, len);
+        let mut blocks = Vec::with_capacity(len.div_ceil(rows));
+        let mut start = 0;
+        while start < len {
+            let n = rows.min(len - start);
+            let scores = qs.narrow(1, start, n)?.matmul(&kt)?;
+            let probs = if scores.device().is_cpu() && scores.is_contiguous() {
+                scores.inplace_op1(&crate::fused::SoftmaxInPlace)?;
+                scores
+            } else {
+                candle_nn::ops::softmax_last_dim(&scores)?
+            };
+            blocks.push(probs.matmul(&vs)?);
+            start += n;
+        }
+        let context = if blocks.len() == 1 {
+            blocks.pop().unwrap()
+        } else {
+            Tensor::cat(&blocks, 1)?
+        };
+        // [heads, len, head_dim] -> [len, hidden]
+        Ok(context.transpose(0, 1)?.reshape((len, heads * head_dim))?)
     }
 }
 
