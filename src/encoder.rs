@@ -408,12 +408,13 @@ impl Encoder {
 }
 
 /// `act(x · Wᵀ + b)`: on the CPU the bias and activation are one parallel
-/// pass (`fused::BiasAct`).
+/// pass over the matmul's output, in place (`fused::BiasAct`).
 fn project(x: &Tensor, l: &Proj, act: Option<Activation>) -> Result<Tensor> {
     let y = l.matmul_t(x)?;
     let bias = &l.bias;
     if y.device().is_cpu() {
-        return Ok(y.apply_op2_no_bwd(bias, &crate::fused::BiasAct { act })?);
+        y.inplace_op2(bias, &crate::fused::BiasAct { act })?;
+        return Ok(y);
     }
     let y = y.broadcast_add(bias)?;
     Ok(match act {
@@ -424,12 +425,14 @@ fn project(x: &Tensor, l: &Proj, act: Option<Activation>) -> Result<Tensor> {
     })
 }
 
-/// `x · Wᵀ + b + residual`, one parallel pass after the matmul on the CPU.
+/// `x · Wᵀ + b + residual`, one parallel pass in place after the matmul on
+/// the CPU.
 fn project_add(x: &Tensor, l: &Proj, residual: &Tensor) -> Result<Tensor> {
     let y = l.matmul_t(x)?;
     let bias = &l.bias;
     if y.device().is_cpu() && residual.is_contiguous() {
-        return Ok(y.apply_op3_no_bwd(bias, residual, &crate::fused::BiasResidual)?);
+        y.inplace_op3(bias, residual, &crate::fused::BiasResidual)?;
+        return Ok(y);
     }
     Ok(y.broadcast_add(bias)?.add(residual)?)
 }
