@@ -272,12 +272,7 @@ fn embedder_is_shared_across_threads() {
 fn q8_stays_close_to_flagembedding() {
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let options = recall::LoadOptions {
-        dtype: recall::Dtype::Q8,
-        cache_dir: Some(cache.path().to_path_buf()),
-        ..Default::default()
-    };
-    let embedder = Embedder::load(&tiny_model_dir(), &options).unwrap();
+    let embedder = load_q8(&tiny_model_dir(), cache.path()).unwrap();
     assert_eq!(embedder.info().dtype, recall::Dtype::Q8);
     let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
     let got = embedder.embed(&texts, Outputs::ALL).unwrap();
@@ -307,4 +302,12 @@ fn q8_stays_close_to_flagembedding() {
     );
     assert!(dense_min >= 0.9995, "dense cosine {dense_min}");
     assert!(colbert_min >= 0.999, "ColBERT cosine {colbert_min}");
+
+    // An index keeps to one of f32 and q8: they are different revisions.
+    use recall::provider::local::identity_of;
+    let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
+    let (q8, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
+    assert_eq!(q8.revision, format!("{}+q8", f32.revision));
+    assert!(!f32.accepts(&q8) && !q8.accepts(&f32));
+    assert!(f32.differences(&q8).iter().any(|d| d.contains("+q8")));
 }

@@ -121,12 +121,11 @@ fn q8_keeps_hit_at_5() {
     let mut table = Vec::new();
     for dtype in [recall::Dtype::F32, recall::Dtype::Q8] {
         let (home, corpus) = eval_home(&tmp.path().join(dtype.as_str()));
-        let options = recall::LoadOptions {
-            dtype,
-            cache_dir: Some(cache.path().to_path_buf()),
-            ..Default::default()
-        };
-        let embedder = recall::Embedder::load(&minilm_dir(), &options).unwrap();
+        let embedder = match dtype {
+            recall::Dtype::F32 => load(&minilm_dir(), cache.path()),
+            recall::Dtype::Q8 => load_q8(&minilm_dir(), cache.path()),
+        }
+        .unwrap();
         let ranker = Ranker::index(&home, embedder, &corpus);
         let (para, ident) = (ranker.of_kind("paraphrase"), ranker.of_kind("identifier"));
         for signals in [Signals::Hybrid, Signals::Dense] {

@@ -21,11 +21,14 @@ struct Case {
     dense: Vec<f32>,
 }
 
+fn reference() -> Reference {
+    let path = repo_root().join("tests/fixtures/minilm_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 #[test]
 fn minilm_matches_sentence_transformers() {
-    let path = repo_root().join("tests/fixtures/minilm_reference.json");
-    let reference: Reference =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let reference = reference();
     let cache = tempfile::tempdir().unwrap();
     let embedder = load(&minilm_dir(), cache.path()).unwrap();
     let info = embedder.info();
@@ -103,16 +106,9 @@ fn minilm_paraphrases_score_above_unrelated_pairs() {
 /// (the empty text, two tokens pooled, is the farthest).
 #[test]
 fn minilm_q8_stays_close_to_sentence_transformers() {
-    let path = repo_root().join("tests/fixtures/minilm_reference.json");
-    let reference: Reference =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let options = recall::LoadOptions {
-        dtype: recall::Dtype::Q8,
-        cache_dir: Some(cache.path().to_path_buf()),
-        ..Default::default()
-    };
-    let embedder = recall::Embedder::load(&minilm_dir(), &options).unwrap();
+    let embedder = load_q8(&minilm_dir(), cache.path()).unwrap();
     let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
     let got = embedder.embed(&texts, Outputs::DENSE).unwrap();
     let cosines: Vec<f32> = reference

@@ -49,6 +49,18 @@ pub fn load(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
     )
 }
 
+/// `load`, with the encoder's linear layers in int8 (`--dtype q8`).
+pub fn load_q8(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
+    Embedder::load(
+        dir,
+        &LoadOptions {
+            dtype: recall::Dtype::Q8,
+            cache_dir: Some(cache.to_path_buf()),
+            ..Default::default()
+        },
+    )
+}
+
 /// `load`, with a batch budget of one token: every input gets a forward
 /// pass of its own.
 pub fn load_one_at_a_time(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
