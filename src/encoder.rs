@@ -126,6 +126,38 @@ impl candle_core::CustomOp1 for QMatmulT<'_> {
     }
 }
 
+/// Attention with int8 products (`quant::attention`), as a candle op on
+/// the stacked `qkv`.
+struct QAttention<'a> {
+    lens: &'a [usize],
+    heads: usize,
+    head_dim: usize,
+}
+
+impl candle_core::CustomOp1 for QAttention<'_> {
+    fn name(&self) -> &'static str {
+        "recall-q8-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qkv: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let (total, width) = layout.shape().dims2()?;
+        let h = self.heads * self.head_dim;
+        if width != 3 * h || self.lens.iter().sum::<usize>() != total {
+            candle_core::bail!("q8 attention: qkv is [{total}, {width}], not [tokens, 3 × {h}]");
+        }
+        let qkv = crate::fused::data(qkv, layout, "qkv")?;
+        let out = crate::quant::attention(qkv, self.lens, self.heads, self.head_dim)?;
+        Ok((
+            candle_core::CpuStorage::F32(out),
+            candle_core::Shape::from((total, h)),
+        ))
+    }
+}
+
 struct Layer {
     /// Query, key and value stacked, `[3 × hidden, hidden]`: one matmul
     /// instead of three. The query rows and bias are pre-scaled by
@@ -322,12 +354,21 @@ impl Encoder {
     fn layer_forward(&self, layer: &Layer, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
         let h = self.config.hidden_size;
         let qkv = project(x, &layer.qkv, None)?;
-        let (q, k, v) = (
-            qkv.narrow(1, 0, h)?,
-            qkv.narrow(1, h, h)?,
-            qkv.narrow(1, 2 * h, h)?,
-        );
-        let context = self.attention(&q, &k, &v, lens)?;
+        let context = if matches!(layer.qkv.weight, ProjWeight::Q8(_)) {
+            let op = QAttention {
+                lens,
+                heads: self.config.num_heads,
+                head_dim: h / self.config.num_heads,
+            };
+            qkv.apply_op1_no_bwd(&op)?
+        } else {
+            let (q, k, v) = (
+                qkv.narrow(1, 0, h)?,
+                qkv.narrow(1, h, h)?,
+                qkv.narrow(1, 2 * h, h)?,
+            );
+            self.attention(&q, &k, &v, lens)?
+        };
         let attended = layer
             .attn_norm
             .forward(&project_add(&context, &layer.attn_out, x)?)?;

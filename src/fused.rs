@@ -152,14 +152,17 @@ impl candle_core::InplaceOp1 for SoftmaxInPlace {
         if width == 0 {
             return Ok(());
         }
-        all[start..end].par_chunks_mut(width).for_each(|row| {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum = exp_in_place(row, max);
-            let scale = 1.0 / sum;
-            row.iter_mut().for_each(|v| *v *= scale);
-        });
+        all[start..end].par_chunks_mut(width).for_each(softmax);
         Ok(())
     }
+}
+
+/// Softmax of one row, in place.
+pub(crate) fn softmax(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum = exp_in_place(row, max);
+    let scale = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= scale);
 }
 
 /// `v = exp(v - shift)` for every element; returns their sum.
