@@ -94,9 +94,17 @@ pub fn matmul_t(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> 
     out
 }
 
-/// The output buffer, shared by tasks that write disjoint columns.
-struct Dst(*mut f32);
+/// An output buffer, shared by tasks that write disjoint parts of it.
+pub(crate) struct Dst(pub(crate) *mut f32);
 unsafe impl Sync for Dst {}
+
+impl Dst {
+    /// # Safety
+    /// `offset` is inside the buffer.
+    pub(crate) unsafe fn at(&self, offset: usize) -> *mut f32 {
+        unsafe { self.0.add(offset) }
+    }
+}
 
 /// Every row of output columns `cols`, tile by tile. A tile at an edge
 /// repeats the last row of `x` or `W` and drops those results.
@@ -149,7 +157,7 @@ fn columns(
                     let tail: f32 = (lanes..k).map(|q| x[xrow + q] * w[wrow + q]).sum();
                     // SAFETY: (i + r, j + c) is inside `out`, and column
                     // j + c is this task's alone.
-                    unsafe { *dst.0.add((i + r) * n + j + c) = sum + tail };
+                    unsafe { *dst.at((i + r) * n + j + c) = sum + tail };
                 }
             }
         }

@@ -15,11 +15,14 @@
 //! each weight load feeds 6 multiply-adds, each broadcast input feeds 4,
 //! and nothing is reduced across lanes. Panels are split between threads.
 //!
-//! The kernel needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4).
-//! Elsewhere a portable loop computes the very same integers, so results
-//! are identical on every CPU, only slower.
+//! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
+//! an AVX2 tile and a portable loop compute the very same integers
+//! (`Kernel`), so results are identical on every CPU, only slower.
+//! `attention` puts q8's `Q · Kᵀ` through the same kernels.
 
 use rayon::prelude::*;
+
+use crate::matmul::Dst;
 
 /// Output columns per panel: four registers of 16 i32 lanes.
 const PANEL: usize = 64;
@@ -94,11 +97,6 @@ impl QLinear {
     /// Input columns.
     pub fn in_features(&self) -> usize {
         self.k
-    }
-
-    /// Bytes held: what the layer costs in memory.
-    pub fn bytes(&self) -> usize {
-        self.packed.len() + 8 * self.scales.len()
     }
 
     /// `x · Wᵀ` for `x: [m, k]` (row-major f32): `[m, n]`.
@@ -364,18 +362,6 @@ impl Tile<'_> {
     /// The f32 output of one accumulated integer.
     fn output(&self, r: usize, c: usize, acc: i32) -> f32 {
         (acc - self.x_zeros[r] * self.w_sums[c]) as f32 * (self.x_scales[r] * self.w_scales[c])
-    }
-}
-
-/// The output buffer, shared by tasks that write disjoint columns.
-struct Dst(*mut f32);
-unsafe impl Sync for Dst {}
-
-impl Dst {
-    /// # Safety
-    /// `offset` is inside the buffer.
-    unsafe fn at(&self, offset: usize) -> *mut f32 {
-        unsafe { self.0.add(offset) }
     }
 }
 
