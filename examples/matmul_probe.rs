@@ -57,12 +57,26 @@ fn main() -> anyhow::Result<()> {
             std::hint::black_box(w.matmul_t(&x, m));
         }
     });
+    let packed: Vec<_> = ws
+        .iter()
+        .map(|w| recall::matmul::PackedLinear::pack(w, n, k))
+        .collect();
+    let avx512 = best_of_5(|| {
+        for w in packed.iter().cycle().take(mats * reps) {
+            std::hint::black_box(w.matmul_t(&x, m));
+        }
+    });
     let candle = best_of_5(|| {
         for w in wts.iter().cycle().take(mats * reps) {
             std::hint::black_box(xt.matmul(&w.t().unwrap()).unwrap());
         }
     });
     let gflops = |s: f64| (2 * m * n * k * mats * reps) as f64 / s / 1e9;
+    println!(
+        "packed avx512 {:.1} ms ({:.0} GFLOP/s)",
+        avx512 * 1e3,
+        gflops(avx512)
+    );
     println!(
         "{m}x{k}·{n}ᵀ: recall {:.1} ms ({:.0} GFLOP/s), q8 {:.1} ms ({:.0} GOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
         recall * 1e3,

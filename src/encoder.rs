@@ -10,6 +10,8 @@ use anyhow::{Context, Result};
 use candle_core::{D, Device, Tensor};
 use candle_nn::{LayerNorm, Linear, Module};
 
+use crate::attention::Scores;
+use crate::matmul::{PackedLinear, packed_available};
 use crate::model::config::{Activation, EncoderConfig};
 use crate::model::weights::Weights;
 use crate::quant::QLinear;
@@ -64,29 +66,75 @@ struct Proj {
 
 enum ProjWeight {
     F32(Tensor),
+    /// f32, packed for the AVX-512 kernel (CPUs that have it).
+    Packed(PackedLinear),
     Q8(QLinear),
 }
 
+impl ProjWeight {
+    /// Whether weights of `dtype` on `device` are packed for recall's CPU
+    /// kernels (else kept as a tensor for candle's matmul).
+    fn packs(dtype: Dtype, device: &Device) -> bool {
+        dtype == Dtype::Q8 || (device.is_cpu() && packed_available())
+    }
+
+    /// Packs (or quantises) `w: [n, k]` for `dtype`'s kernel.
+    fn pack(dtype: Dtype, w: &[f32], n: usize, k: usize) -> Self {
+        match dtype {
+            Dtype::F32 => Self::Packed(PackedLinear::pack(w, n, k)),
+            Dtype::Q8 => Self::Q8(QLinear::quantize(w, n, k)),
+        }
+    }
+}
+
 impl Proj {
-    fn new(l: Linear, dtype: Dtype) -> Result<Self> {
-        let bias = l.bias().context("a linear layer without bias")?.clone();
-        let weight = match dtype {
-            Dtype::F32 => ProjWeight::F32(l.weight().clone()),
-            Dtype::Q8 => {
-                let (n, k) = l.weight().dims2()?;
-                let w = l.weight().flatten_all()?.to_vec1::<f32>()?;
-                ProjWeight::Q8(QLinear::quantize(&w, n, k))
-            }
+    /// The layer `name` (`{name}.weight`, `{name}.bias`) of `out × inp`.
+    /// A packed weight is read straight from the file's map where it holds
+    /// f32: a copy first was a fresh 2 GB at load whose pages the kernel
+    /// zeroes.
+    fn load(
+        w: &Weights,
+        name: &str,
+        (out, inp): (usize, usize),
+        dev: &Device,
+        dtype: Dtype,
+    ) -> Result<Self> {
+        let bias = w.get(&format!("{name}.bias"), &[out], dev)?;
+        let weight_name = format!("{name}.weight");
+        let weight = if ProjWeight::packs(dtype, dev) {
+            w.with_f32(&weight_name, &[out, inp], |data| {
+                ProjWeight::pack(dtype, data, out, inp)
+            })?
+        } else {
+            ProjWeight::F32(w.get(&weight_name, &[out, inp], dev)?)
         };
         Ok(Self { weight, bias })
     }
 
-    /// `x · Wᵀ`: the int8 kernel, recall's f32 kernel for few rows where it
-    /// runs (`matmul`), else candle's.
+    /// A layer already in tensors (`qkv`'s stack).
+    fn new(l: Linear, dtype: Dtype) -> Result<Self> {
+        let bias = l.bias().context("a linear layer without bias")?.clone();
+        let w = l.weight();
+        let weight = if ProjWeight::packs(dtype, w.device()) {
+            let (n, k) = w.dims2()?;
+            let w = w.contiguous()?;
+            let (storage, layout) = w.storage_and_layout();
+            let candle_core::Storage::Cpu(cpu) = &*storage else {
+                anyhow::bail!("packing a weight that is not in CPU memory");
+            };
+            ProjWeight::pack(dtype, crate::fused::data(cpu, layout, "W")?, n, k)
+        } else {
+            ProjWeight::F32(w.clone())
+        };
+        Ok(Self { weight, bias })
+    }
+
+    /// `x · Wᵀ`: the int8 kernel, the packed f32 kernel, recall's f32
+    /// kernel for few rows where it runs (`matmul`), else candle's.
     fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         let w = match &self.weight {
-            ProjWeight::Q8(q) => return Ok(x.contiguous()?.apply_op1_no_bwd(&QMatmulT(q))?),
             ProjWeight::F32(w) => w,
+            packed => return Ok(x.contiguous()?.apply_op1_no_bwd(&PackedMatmulT(packed))?),
         };
         if x.device().is_cpu()
             && x.dtype() == candle_core::DType::F32
@@ -100,12 +148,13 @@ impl Proj {
     }
 }
 
-/// `x · Wᵀ` with int8 weights, as a candle op (CPU, f32 `x`).
-struct QMatmulT<'a>(&'a QLinear);
+/// `x · Wᵀ` with weights packed at load (f32 or int8), as a candle op
+/// (CPU, f32 `x`).
+struct PackedMatmulT<'a>(&'a ProjWeight);
 
-impl candle_core::CustomOp1 for QMatmulT<'_> {
+impl candle_core::CustomOp1 for PackedMatmulT<'_> {
     fn name(&self) -> &'static str {
-        "recall-q8-matmul-t"
+        "recall-packed-matmul-t"
     }
 
     fn cpu_fwd(
@@ -114,29 +163,39 @@ impl candle_core::CustomOp1 for QMatmulT<'_> {
         layout: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
         let (m, k) = layout.shape().dims2()?;
-        if k != self.0.in_features() {
-            candle_core::bail!("x is [{m}, {k}] but W has {} inputs", self.0.in_features());
+        let (n, inputs) = match self.0 {
+            ProjWeight::Packed(w) => (w.out_features(), w.in_features()),
+            ProjWeight::Q8(w) => (w.out_features(), w.in_features()),
+            ProjWeight::F32(_) => candle_core::bail!("f32 weights that were not packed"),
+        };
+        if k != inputs {
+            candle_core::bail!("x is [{m}, {k}] but W has {inputs} inputs");
         }
         let x = crate::fused::data(x, layout, "x")?;
-        let y = self.0.matmul_t(x, m);
+        let y = match self.0 {
+            ProjWeight::Packed(w) => w.matmul_t(x, m),
+            ProjWeight::Q8(w) => w.matmul_t(x, m),
+            ProjWeight::F32(_) => unreachable!("refused above"),
+        };
         Ok((
             candle_core::CpuStorage::F32(y),
-            candle_core::Shape::from((m, self.0.out_features())),
+            candle_core::Shape::from((m, n)),
         ))
     }
 }
 
-/// Attention with int8 products (`quant::attention`), as a candle op on
-/// the stacked `qkv`.
-struct QAttention<'a> {
+/// Attention by recall's kernels (`attention`), as a candle op on the
+/// stacked `qkv`.
+struct PackedAttention<'a> {
     lens: &'a [usize],
     heads: usize,
     head_dim: usize,
+    scores: Scores,
 }
 
-impl candle_core::CustomOp1 for QAttention<'_> {
+impl candle_core::CustomOp1 for PackedAttention<'_> {
     fn name(&self) -> &'static str {
-        "recall-q8-attention"
+        "recall-attention"
     }
 
     fn cpu_fwd(
@@ -147,10 +206,11 @@ impl candle_core::CustomOp1 for QAttention<'_> {
         let (total, width) = layout.shape().dims2()?;
         let h = self.heads * self.head_dim;
         if width != 3 * h || self.lens.iter().sum::<usize>() != total {
-            candle_core::bail!("q8 attention: qkv is [{total}, {width}], not [tokens, 3 × {h}]");
+            candle_core::bail!("attention: qkv is [{total}, {width}], not [tokens, 3 × {h}]");
         }
         let qkv = crate::fused::data(qkv, layout, "qkv")?;
-        let out = crate::quant::attention(qkv, self.lens, self.heads, self.head_dim)?;
+        let out =
+            crate::attention::attention(qkv, self.lens, self.heads, self.head_dim, self.scores)?;
         Ok((
             candle_core::CpuStorage::F32(out),
             candle_core::Shape::from((total, h)),
@@ -247,22 +307,14 @@ impl Encoder {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = format!("encoder.layer.{i}");
-            let proj = |l: Linear| Proj::new(l, dtype);
+            let proj =
+                |name: &str, shape| Proj::load(weights, &format!("{p}.{name}"), shape, dev, dtype);
             layers.push(Layer {
-                qkv: proj(qkv(
-                    weights,
-                    &format!("{p}.attention.self"),
-                    h,
-                    c.num_heads,
-                    dev,
-                )?)?,
-                attn_out: proj(linear(
-                    weights,
-                    &format!("{p}.attention.output.dense"),
-                    h,
-                    h,
-                    dev,
-                )?)?,
+                qkv: Proj::new(
+                    qkv(weights, &format!("{p}.attention.self"), h, c.num_heads, dev)?,
+                    dtype,
+                )?,
+                attn_out: proj("attention.output.dense", (h, h))?,
                 attn_norm: layer_norm(
                     weights,
                     &format!("{p}.attention.output.LayerNorm"),
@@ -270,20 +322,8 @@ impl Encoder {
                     c.layer_norm_eps,
                     dev,
                 )?,
-                intermediate: proj(linear(
-                    weights,
-                    &format!("{p}.intermediate.dense"),
-                    c.intermediate_size,
-                    h,
-                    dev,
-                )?)?,
-                output: proj(linear(
-                    weights,
-                    &format!("{p}.output.dense"),
-                    h,
-                    c.intermediate_size,
-                    dev,
-                )?)?,
+                intermediate: proj("intermediate.dense", (c.intermediate_size, h))?,
+                output: proj("output.dense", (h, c.intermediate_size))?,
                 out_norm: layer_norm(
                     weights,
                     &format!("{p}.output.LayerNorm"),
@@ -354,11 +394,17 @@ impl Encoder {
     fn layer_forward(&self, layer: &Layer, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
         let h = self.config.hidden_size;
         let qkv = project(x, &layer.qkv, None)?;
-        let context = if matches!(layer.qkv.weight, ProjWeight::Q8(_)) {
-            let op = QAttention {
+        let kernel = match layer.qkv.weight {
+            ProjWeight::F32(_) => None,
+            ProjWeight::Packed(_) => Some(Scores::F32),
+            ProjWeight::Q8(_) => Some(Scores::Q8),
+        };
+        let context = if let Some(scores) = kernel {
+            let op = PackedAttention {
                 lens,
                 heads: self.config.num_heads,
                 head_dim: h / self.config.num_heads,
+                scores,
             };
             qkv.apply_op1_no_bwd(&op)?
         } else {

@@ -4,6 +4,7 @@
 //! BERT-family sentence-transformers) model directory and gives dense,
 //! sparse and ColBERT embeddings. See ARCHITECTURE.md for the map.
 
+pub mod attention;
 pub mod bench;
 pub mod embedder;
 pub mod encoder;

@@ -18,7 +18,7 @@
 //! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
 //! an AVX2 tile and a portable loop compute the very same integers
 //! (`Kernel`), so results are identical on every CPU, only slower.
-//! `attention` puts q8's `Q · Kᵀ` through the same kernels.
+//! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
 
 use rayon::prelude::*;
 
@@ -144,63 +144,6 @@ impl QLinear {
         }
         out
     }
-}
-
-/// Scaled dot-product attention for `--dtype q8`: `qkv` is `[total, 3 ×
-/// heads × head_dim]` (query rows pre-scaled), the inputs of `lens` packed
-/// end to end; returns `[total, heads × head_dim]`. Per input and head (in
-/// parallel) the keys are quantised as a weight (one scale per key), so the
-/// scores `Q · Kᵀ` come from the int8 kernels; `P · V` stays f32 (candle's
-/// matmul): quantising the probabilities too was faster still (1×2048: 415
-/// against 360 tokens/s) but cost MiniLM 0.98 cosine on a 256-token input.
-/// Query blocks keep at most `MAX_SCORES` scores per task.
-pub fn attention(
-    qkv: &[f32],
-    lens: &[usize],
-    heads: usize,
-    head_dim: usize,
-) -> candle_core::Result<Vec<f32>> {
-    use candle_core::{Device, Tensor};
-    const MAX_SCORES: usize = 4 << 20;
-    let h = heads * head_dim;
-    let total: usize = lens.iter().sum();
-    assert_eq!(qkv.len(), total * 3 * h, "qkv is not [total, 3 × hidden]");
-    let mut tasks = Vec::with_capacity(lens.len() * heads);
-    let mut offset = 0;
-    for &len in lens {
-        tasks.extend((0..heads).map(|head| (offset, len, head)));
-        offset += len;
-    }
-    let mut out = vec![0f32; total * h];
-    let dst = Dst(out.as_mut_ptr());
-    tasks.into_par_iter().try_for_each(|(offset, len, head)| {
-        let (d, col) = (head_dim, head * head_dim);
-        let [mut q, mut k, mut v] = std::array::from_fn(|_| Vec::with_capacity(len * d));
-        for i in 0..len {
-            let row = &qkv[(offset + i) * 3 * h..(offset + i + 1) * 3 * h];
-            q.extend_from_slice(&row[col..col + d]);
-            k.extend_from_slice(&row[h + col..h + col + d]);
-            v.extend_from_slice(&row[2 * h + col..2 * h + col + d]);
-        }
-        let keys = QLinear::quantize(&k, len, d);
-        let v = Tensor::from_vec(v, (len, d), &Device::Cpu)?;
-        let rows = (MAX_SCORES / len).clamp(1, len);
-        for start in (0..len).step_by(rows) {
-            let n = rows.min(len - start);
-            let mut scores = keys.matmul_t(&q[start * d..(start + n) * d], n);
-            scores.chunks_mut(len).for_each(crate::fused::softmax);
-            let probs = Tensor::from_vec(scores, (n, len), &Device::Cpu)?;
-            let context = probs.matmul(&v)?.flatten_all()?.to_vec1::<f32>()?;
-            for (i, c) in context.chunks(d).enumerate() {
-                // SAFETY: row offset + start + i, columns col..col + d: this
-                // task's alone, inside `out`.
-                let o = unsafe { dst.at((offset + start + i) * h + col) };
-                unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), o, d) };
-            }
-        }
-        Ok::<(), candle_core::Error>(())
-    })?;
-    Ok(out)
 }
 
 /// Which tile kernel runs. All give the same integers, so the same floats.
@@ -609,37 +552,6 @@ mod tests {
                     got[i * n + j]
                 );
             }
-        }
-    }
-
-    #[test]
-    fn attention_is_close_to_f32_attention() {
-        let (lens, heads, d) = ([5usize, 70, 1], 2, 16);
-        let (h, total) = (heads * d, lens.iter().sum::<usize>());
-        let qkv = values(total * 3 * h, 7919, 1.0);
-        let got = attention(&qkv, &lens, heads, d).unwrap();
-        let mut offset = 0;
-        for len in lens {
-            for head in 0..heads {
-                let at = |i: usize, part: usize, c: usize| {
-                    qkv[(offset + i) * 3 * h + part * h + head * d + c]
-                };
-                for i in 0..len {
-                    let mut p: Vec<f32> = (0..len)
-                        .map(|j| (0..d).map(|c| at(i, 0, c) * at(j, 1, c)).sum())
-                        .collect();
-                    crate::fused::softmax(&mut p);
-                    for c in 0..d {
-                        let want: f32 = (0..len).map(|j| p[j] * at(j, 2, c)).sum();
-                        let g = got[(offset + i) * h + head * d + c];
-                        assert!(
-                            (g - want).abs() <= 0.02,
-                            "input at {offset}, head {head}, row {i}: {g} vs {want}"
-                        );
-                    }
-                }
-            }
-            offset += len;
         }
     }
 

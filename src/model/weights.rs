@@ -113,6 +113,38 @@ impl Weights {
         Ok(tensor.to_device(device)?)
     }
 
+    /// `f` of the tensor `name` as f32 data (row-major), checked to have
+    /// `shape`: straight from the map where the file holds aligned
+    /// little-endian f32 (then those pages are released), else from a
+    /// converted copy (`get`). For weights that are repacked at load, so
+    /// no tensor-sized copy comes first.
+    pub fn with_f32<T>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        f: impl FnOnce(&[f32]) -> T,
+    ) -> Result<T> {
+        if let Source::Safetensors { map, tensors } = &self.source {
+            let full = format!("{}{name}", self.prefix);
+            let info = tensors
+                .get(&full)
+                .with_context(|| format!("{}: missing tensor `{full}`", self.path.display()))?;
+            check_shape(&self.path, &full, &info.shape, shape)?;
+            let (start, end) = info.range;
+            if info.dtype == DType::F32 && cfg!(target_endian = "little") {
+                // SAFETY: any 4 bytes are a valid f32.
+                let (head, data, tail) = unsafe { map[start..end].align_to::<f32>() };
+                if head.is_empty() && tail.is_empty() {
+                    let out = f(data);
+                    release(map, start, end);
+                    return Ok(out);
+                }
+            }
+        }
+        let t = self.get(name, shape, &Device::Cpu)?.flatten_all()?;
+        Ok(f(&t.to_vec1::<f32>()?))
+    }
+
     /// The shape of `name`, if the file has it.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
         let full = format!("{}{name}", self.prefix);
