@@ -1,4 +1,5 @@
-//! recall's few-rows matmul kernel and its int8 kernel (`quant`) beside
+//! recall's few-rows AVX2 matmul kernel, its packed AVX-512 kernel
+//! (`PackedLinear`) and its int8 kernel (`quant`) beside
 //! candle's, on weights that do not fit in cache: `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
 //! Prints the best of 5 passes over MATRICES (default 12) distinct `[N, K]`
 //! weight matrices, for each side; REPS=N makes each pass go over them N

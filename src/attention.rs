@@ -122,12 +122,7 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: usize, amplitude: f32) -> Vec<f32> {
-        (0..len)
-            .map(|v| (((v * seed) % 1999) as f32 / 999.5 - 1.0) * amplitude)
-            .collect()
-    }
+    use crate::quant::tests::values;
 
     /// The attention of `qkv` computed one score at a time.
     fn reference(qkv: &[f32], lens: &[usize], heads: usize, d: usize) -> Vec<f32> {

@@ -1,5 +1,15 @@
-//! `x · Wᵀ` for the encoder's linear layers on few rows, on x86-64 CPUs
-//! with AVX2 and FMA.
+//! `x · Wᵀ` for the encoder's linear layers on x86-64 CPUs.
+//!
+//! With AVX-512 (`PackedLinear`): the weights are packed once, at load,
+//! into panels of 64 output columns (`k` rows of 64 floats each), and a
+//! tile of 6 input rows × 64 columns keeps 24 accumulators in registers:
+//! each weight load feeds 6 FMAs, each broadcast input 4. Panels are split
+//! between threads; a block of DEPTH positions of a panel stays in L2 while
+//! every row tile uses it. About 200 GFLOP/s on 2 Zen 4 cores, at 16 rows
+//! as at 2048, against 110-160 for candle's `gemm` (AVX2 kernels, and the
+//! weights re-packed on every call). Attention uses it too (`attention`).
+//!
+//! Without AVX-512, on CPUs with AVX2 and FMA, for few rows (`matmul_t`):
 //!
 //! candle's matmul (the `gemm` crate) packs its right-hand side into panels
 //! on every call. For a linear layer that side is the weight matrix, so a
@@ -432,29 +442,19 @@ mod tests {
         out
     }
 
-    #[test]
-    fn packed_matches_a_plain_loop_at_every_edge() {
-        if !packed_available() {
-            eprintln!("packed matmul: this CPU lacks AVX-512F; the encoder uses the AVX2 kernels");
-            return;
-        }
-        // Remainders in rows (tile of 6), columns (panel of 64) and depth
-        // (block of DEPTH), and sizes with none.
-        for &(m, k, n) in &[
-            (1, 1, 1),
-            (5, 13, 7),
-            (6, 64, 64),
-            (13, DEPTH + 3, 130),
-            (16, 2 * DEPTH, 192),
-            (7, 3 * DEPTH + 1, 65),
-        ] {
+    /// Each product of `sizes` against `reference`, on inputs in -1..1.
+    fn check(
+        sizes: &[(usize, usize, usize)],
+        matmul: impl Fn(&[f32], &[f32], usize, usize, usize) -> Vec<f32>,
+    ) {
+        for &(m, k, n) in sizes {
             let x: Vec<f32> = (0..m * k)
                 .map(|v| ((v * 7919 % 1000) as f32 / 500.0) - 1.0)
                 .collect();
             let w: Vec<f32> = (0..n * k)
                 .map(|v| ((v * 104729 % 997) as f32 / 498.0) - 1.0)
                 .collect();
-            let got = PackedLinear::pack(&w, n, k).matmul_t(&x, m);
+            let got = matmul(&x, &w, m, k, n);
             let want = reference(&x, &w, m, k, n);
             assert_eq!(got.len(), want.len());
             for (idx, (g, r)) in got.iter().zip(&want).enumerate() {
@@ -465,6 +465,27 @@ mod tests {
     }
 
     #[test]
+    fn packed_matches_a_plain_loop_at_every_edge() {
+        if !packed_available() {
+            eprintln!("packed matmul: this CPU lacks AVX-512F; the encoder uses the AVX2 kernels");
+            return;
+        }
+        // Remainders in rows (tile of 6), columns (panel of 64) and depth
+        // (block of DEPTH), and sizes with none.
+        let sizes = [
+            (1, 1, 1),
+            (5, 13, 7),
+            (6, 64, 64),
+            (13, DEPTH + 3, 130),
+            (16, 2 * DEPTH, 192),
+            (7, 3 * DEPTH + 1, 65),
+        ];
+        check(&sizes, |x, w, m, k, n| {
+            PackedLinear::pack(w, n, k).matmul_t(x, m)
+        });
+    }
+
+    #[test]
     fn matches_a_plain_loop_at_every_edge() {
         if !available() {
             eprintln!("matmul kernel: this CPU lacks AVX2/FMA; the encoder uses candle's matmul");
@@ -472,26 +493,14 @@ mod tests {
         }
         // Sizes that leave remainders everywhere: rows (tile), columns
         // (tile, task) and depth (16 lanes), and sizes with none.
-        for &(m, k, n) in &[
+        let sizes = [
             (1, 8, 1),
             (5, 13, 7),
             (16, 1024, 50),
             (131, 1100, 97),
             (3, 4096, 3),
             (4, 16, 96),
-        ] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|v| ((v * 7919 % 1000) as f32 / 500.0) - 1.0)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|v| ((v * 104729 % 997) as f32 / 498.0) - 1.0)
-                .collect();
-            let got = matmul_t(&x, &w, m, k, n);
-            let want = reference(&x, &w, m, k, n);
-            for (idx, (g, r)) in got.iter().zip(&want).enumerate() {
-                let tol = 1e-4 * (k as f32).sqrt() * r.abs().max(1.0);
-                assert!((g - r).abs() <= tol, "{m}x{k}x{n} at {idx}: {g} vs {r}");
-            }
-        }
+        ];
+        check(&sizes, matmul_t);
     }
 }

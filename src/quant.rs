@@ -433,10 +433,11 @@ unsafe fn tile_vnni(tile: &Tile, out: *mut f32, stride: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn values(len: usize, seed: usize, amplitude: f32) -> Vec<f32> {
+    /// `len` values in -amplitude..amplitude, spread by `seed`.
+    pub(crate) fn values(len: usize, seed: usize, amplitude: f32) -> Vec<f32> {
         (0..len)
             .map(|v| (((v * seed) % 1999) as f32 / 999.5 - 1.0) * amplitude)
             .collect()
