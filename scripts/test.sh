@@ -11,9 +11,11 @@ export RECALL_TEST_HERMES_PYTHON
 RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
 export RECALL_TEST_CLIENTS_PYTHON
 cargo test --all-targets "$@"
-# The encoder's kernels depend on the CPU: on one with AVX-512 the run above
-# took the packed f32 kernel, so check the AVX2 path (CPUs without AVX-512)
-# against the same references too.
+# The encoder's kernels depend on the CPU, so check the others against the
+# same references too: recall's AVX2 kernel beside candle's matmul (CPUs
+# without AVX-512, where the run above took the packed AVX-512 kernel) and
+# candle's matmul alone (other CPUs; GPUs).
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   RECALL_MATMUL=avx2 cargo test "$@" --test bge_m3_parity --test minilm --test eval
 fi
+RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval
