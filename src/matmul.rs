@@ -104,6 +104,15 @@ pub fn matmul_t(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> 
     out
 }
 
+/// Rows of `padded` (`np` wide, whole panels) cut to their first `n`
+/// columns.
+pub(crate) fn without_padding(padded: Vec<f32>, np: usize, n: usize) -> Vec<f32> {
+    if np == n {
+        return padded;
+    }
+    padded.chunks(np).flat_map(|r| &r[..n]).copied().collect()
+}
+
 /// An output buffer, shared by tasks that write disjoint parts of it.
 pub(crate) struct Dst(pub(crate) *mut f32);
 unsafe impl Sync for Dst {}
@@ -344,10 +353,7 @@ impl PackedLinear {
         });
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
-        if np != n {
-            out = out.chunks(np).flat_map(|r| &r[..n]).copied().collect();
-        }
-        out
+        without_padding(out, np, n)
     }
 }
 

@@ -139,10 +139,7 @@ impl QLinear {
         });
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
-        if np != n {
-            out = out.chunks(np).flat_map(|r| &r[..n]).copied().collect();
-        }
-        out
+        crate::matmul::without_padding(out, np, n)
     }
 }
 
