@@ -6,7 +6,7 @@
 //! each weight load feeds 6 FMAs, each broadcast input 4. Panels are split
 //! between threads; a block of DEPTH positions of a panel stays in L2 while
 //! every row tile uses it. About 200 GFLOP/s on 2 Zen 4 cores, at 16 rows
-//! as at 2048, against 110-160 for candle's `gemm` (AVX2 kernels, and the
+//! as at 2048, against 110-190 for candle's `gemm` (AVX2 kernels, and the
 //! weights re-packed on every call). Attention uses it too (`attention`).
 //!
 //! Without AVX-512, on CPUs with AVX2 and FMA, for few rows (`matmul_t`):
