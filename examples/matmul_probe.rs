@@ -1,6 +1,7 @@
-//! recall's few-rows AVX2 matmul kernel, its packed AVX-512 kernel
-//! (`PackedLinear`) and its int8 kernel (`quant`) beside
-//! candle's, on weights that do not fit in cache: `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
+//! recall's packed f32 kernel (`PackedLinear`, its AVX-512 or AVX2 tile:
+//! `RECALL_MATMUL=avx2` forces the latter) and its int8 kernel (`quant`)
+//! beside candle's, on weights that do not fit in cache:
+//! `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
 //! Prints the best of 5 passes over MATRICES (default 12) distinct `[N, K]`
 //! weight matrices, for each side; REPS=N makes each pass go over them N
 //! times (for matrices small enough to stay in cache). Thread count:
@@ -30,7 +31,8 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: matmul_probe M K N [MATRICES]");
     };
     let mats = args.get(3).copied().unwrap_or(12);
-    anyhow::ensure!(recall::matmul::available(), "this CPU lacks AVX2/FMA");
+    let kernel = recall::matmul::PackedKernel::get()
+        .ok_or_else(|| anyhow::anyhow!("this CPU has no packed tile (it lacks AVX2/FMA)"))?;
     let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
     let ws: Vec<Vec<f32>> = (0..mats)
         .map(|j| (0..n * k).map(|i| ((i + j) % 5) as f32 * 0.1).collect())
@@ -44,9 +46,13 @@ fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let recall = best_of_5(|| {
-        for w in ws.iter().cycle().take(mats * reps) {
-            std::hint::black_box(recall::matmul::matmul_t(&x, w, m, k, n));
+    let packed: Vec<_> = ws
+        .iter()
+        .map(|w| recall::matmul::PackedLinear::pack(w, n, k))
+        .collect();
+    let f32_time = best_of_5(|| {
+        for w in packed.iter().cycle().take(mats * reps) {
+            std::hint::black_box(w.matmul_t(&x, m));
         }
     });
     let quantized: Vec<_> = ws
@@ -58,15 +64,6 @@ fn main() -> anyhow::Result<()> {
             std::hint::black_box(w.matmul_t(&x, m));
         }
     });
-    let packed: Vec<_> = ws
-        .iter()
-        .map(|w| recall::matmul::PackedLinear::pack(w, n, k))
-        .collect();
-    let avx512 = best_of_5(|| {
-        for w in packed.iter().cycle().take(mats * reps) {
-            std::hint::black_box(w.matmul_t(&x, m));
-        }
-    });
     let candle = best_of_5(|| {
         for w in wts.iter().cycle().take(mats * reps) {
             std::hint::black_box(xt.matmul(&w.t().unwrap()).unwrap());
@@ -74,19 +71,15 @@ fn main() -> anyhow::Result<()> {
     });
     let gflops = |s: f64| (2 * m * n * k * mats * reps) as f64 / s / 1e9;
     println!(
-        "packed avx512 {:.1} ms ({:.0} GFLOP/s)",
-        avx512 * 1e3,
-        gflops(avx512)
-    );
-    println!(
-        "{m}x{k}·{n}ᵀ: recall {:.1} ms ({:.0} GFLOP/s), q8 {:.1} ms ({:.0} GOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
-        recall * 1e3,
-        gflops(recall),
+        "{m}x{k}·{n}ᵀ: recall {kernel:?} {:.1} ms ({:.0} GFLOP/s), q8 {:?} {:.1} ms ({:.0} GOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
+        f32_time * 1e3,
+        gflops(f32_time),
+        recall::quant::Kernel::get(),
         q8 * 1e3,
         gflops(q8),
         candle * 1e3,
         gflops(candle),
-        candle / recall
+        candle / f32_time
     );
     Ok(())
 }

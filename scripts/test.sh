@@ -12,9 +12,9 @@ RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
 export RECALL_TEST_CLIENTS_PYTHON
 cargo test --all-targets "$@"
 # The encoder's kernels depend on the CPU, so check the others against the
-# same references too: recall's AVX2 kernel beside candle's matmul (CPUs
-# without AVX-512, where the run above took the packed AVX-512 kernel) and
-# candle's matmul alone (other CPUs; GPUs).
+# same references too: the packed kernel's AVX2 tile (CPUs without AVX-512,
+# where the run above took its AVX-512 tile) and candle's matmul (other
+# CPUs; GPUs).
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   RECALL_MATMUL=avx2 cargo test "$@" --test bge_m3_parity --test minilm --test eval
 fi

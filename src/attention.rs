@@ -1,6 +1,6 @@
 //! Scaled dot-product attention on the CPU, for inputs packed end to end
 //! (no padding), through recall's own kernels: the f32 panel kernel
-//! (`matmul::PackedLinear`, on CPUs with AVX-512F) or, for `--dtype q8`,
+//! (`matmul::PackedLinear`, on CPUs with AVX2 and FMA) or, for `--dtype q8`,
 //! the int8 kernels (`quant`) for the scores.
 //!
 //! Per input and head (in parallel), the keys are packed as a linear
@@ -40,7 +40,7 @@ enum Keys {
 
 enum Values {
     Packed(PackedLinear),
-    /// CPUs without AVX-512F (q8 only): candle's matmul.
+    /// CPUs without AVX2 and FMA (q8 only): candle's matmul.
     Tensor(Tensor),
 }
 
@@ -63,7 +63,7 @@ pub fn attention(
         );
     }
     if scores == Scores::F32 && !packed_available() {
-        candle_core::bail!("f32 attention kernel on a CPU without AVX-512F");
+        candle_core::bail!("f32 attention kernel on a CPU without AVX2 and FMA");
     }
     let mut tasks = Vec::with_capacity(lens.len() * heads);
     let mut offset = 0;
@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn f32_matches_a_plain_loop() {
         if !packed_available() {
-            eprintln!("f32 attention kernel: this CPU lacks AVX-512F; the encoder uses candle's");
+            eprintln!("f32 attention kernel: this CPU lacks AVX2/FMA; the encoder uses candle's");
             return;
         }
         check(Scores::F32, 1e-5);

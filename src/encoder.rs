@@ -66,7 +66,7 @@ struct Proj {
 
 enum ProjWeight {
     F32(Tensor),
-    /// f32, packed for the AVX-512 kernel (CPUs that have it).
+    /// f32, packed for recall's kernel (CPUs with AVX2 and FMA).
     Packed(PackedLinear),
     Q8(QLinear),
 }
@@ -129,22 +129,12 @@ impl Proj {
         Ok(Self { weight, bias })
     }
 
-    /// `x · Wᵀ`: the int8 kernel, the packed f32 kernel, recall's f32
-    /// kernel for few rows where it runs (`matmul`), else candle's.
+    /// `x · Wᵀ`: the int8 kernel, the packed f32 kernel, else candle's.
     fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
-        let w = match &self.weight {
-            ProjWeight::F32(w) => w,
-            packed => return Ok(x.contiguous()?.apply_op1_no_bwd(&PackedMatmulT(packed))?),
-        };
-        if x.device().is_cpu()
-            && x.dtype() == candle_core::DType::F32
-            && x.is_contiguous()
-            && w.is_contiguous()
-            && crate::matmul::suits(x.dim(0)?, x.dim(1)?)
-        {
-            return Ok(x.apply_op2_no_bwd(w, &crate::matmul::MatmulT)?);
+        match &self.weight {
+            ProjWeight::F32(w) => Ok(x.matmul(&w.t()?)?),
+            packed => Ok(x.contiguous()?.apply_op1_no_bwd(&PackedMatmulT(packed))?),
         }
-        Ok(x.matmul(&w.t()?)?)
     }
 }
 
