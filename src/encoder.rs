@@ -374,9 +374,19 @@ impl Encoder {
         let mut hidden = self.embed_norm.forward(&embedded)?;
         for (i, layer) in self.layers.iter().enumerate() {
             between_layers();
-            hidden = self
-                .layer_forward(layer, &hidden, &lens)
-                .with_context(|| format!("encoder layer {i}"))?;
+            let forward = || self.layer_forward(layer, &hidden, &lens);
+            // On a rayon worker, each parallel op inside the layer puts its
+            // tasks on the pool's own queues; from any other thread, every
+            // op hands its work over and sleeps until it is done: two
+            // wake-ups per op, a few hundred per forward pass. A 16-token
+            // query took 78-92 ms instead of 90-113 (q8: 24-34 against
+            // 31-43). GPUs keep their thread.
+            hidden = if self.device.is_cpu() {
+                rayon::scope(|_| forward())
+            } else {
+                forward()
+            }
+            .with_context(|| format!("encoder layer {i}"))?;
         }
         Ok(hidden)
     }

@@ -113,7 +113,13 @@ impl QLinear {
         (0..np / PANEL).into_par_iter().for_each(|p| {
             let panel = &self.packed[p * PANEL * self.kp..(p + 1) * PANEL * self.kp];
             let cols = p * PANEL..(p + 1) * PANEL;
-            for i in (0..m).step_by(TILE_ROWS) {
+            // The thread's next panel, very likely: rayon hands each thread
+            // a run of consecutive panels.
+            let next = (self.packed)
+                .get((p + 1) * PANEL * self.kp..(p + 2) * PANEL * self.kp)
+                .unwrap_or_default();
+            let tiles = m.div_ceil(TILE_ROWS);
+            for (t, i) in (0..m).step_by(TILE_ROWS).enumerate() {
                 let tile = Tile {
                     x: &rows.data[i * self.kp..(i + TILE_ROWS) * self.kp],
                     kp: self.kp,
@@ -123,6 +129,7 @@ impl QLinear {
                     w_scales: &self.scales[cols.clone()],
                     w_sums: &self.sums[cols.clone()],
                     rows: TILE_ROWS.min(m - i),
+                    ahead: share(next, t, tiles),
                 };
                 // SAFETY: rows i..i + tile.rows are inside `out` (m rows of
                 // np); the columns of panel p are this task's alone.
@@ -140,6 +147,49 @@ impl QLinear {
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
         crate::matmul::without_padding(out, np, n)
+    }
+}
+
+/// The part of the `next` panel that row tile `t` of `tiles` prefetches. The first tile reads its own panel
+/// from memory; the others find it in L2 and would leave memory idle, so
+/// they fetch the next between them. A short input (a 16-token query: 3
+/// tiles) then streams the weights while it computes instead of after.
+fn share<T>(next: &[T], t: usize, tiles: usize) -> &[T] {
+    if t == 0 || next.is_empty() {
+        return &[];
+    }
+    let (part, parts) = (t - 1, tiles - 1);
+    &next[next.len() * part / parts..next.len() * (part + 1) / parts]
+}
+
+/// Prefetches of a range into L2, spread evenly over a loop's steps.
+#[cfg(target_arch = "x86_64")]
+struct Prefetch {
+    start: *const i8,
+    lines: usize,
+    per_step: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Prefetch {
+    fn new<T>(range: &[T], steps: usize) -> Self {
+        let lines = std::mem::size_of_val(range).div_ceil(64);
+        Self {
+            start: range.as_ptr() as *const i8,
+            lines,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// The prefetches of loop step `step`.
+    #[inline(always)]
+    fn step(&self, step: usize) {
+        use std::arch::x86_64::*;
+        let end = ((step + 1) * self.per_step).min(self.lines);
+        for line in step * self.per_step..end {
+            // A prefetch never faults, and the line is inside the range.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.start.wrapping_add(line * 64)) };
+        }
     }
 }
 
@@ -296,6 +346,8 @@ struct Tile<'a> {
     w_sums: &'a [i32],
     /// Rows to write (the rest are padding).
     rows: usize,
+    /// Part of the next panel to prefetch into L2 meanwhile.
+    ahead: &'a [i8],
 }
 
 impl Tile<'_> {
@@ -400,7 +452,9 @@ unsafe fn tile_vnni(tile: &Tile, out: *mut f32, stride: usize) {
     unsafe {
         let mut sums = [[_mm512_setzero_si512(); REGS]; TILE_ROWS];
         let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr());
+        let ahead = Prefetch::new(tile.ahead, kp / GROUP);
         for g in 0..kp / GROUP {
+            ahead.step(g);
             let block = w.add(g * PANEL * GROUP);
             let wv: [__m512i; REGS] =
                 std::array::from_fn(|c| _mm512_loadu_si512(block.add(c * 64) as *const _));
@@ -463,6 +517,20 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn tiles_after_the_first_share_the_next_panel() {
+        let next: Vec<i8> = (0..100).map(|v| v as i8).collect();
+        for tiles in 1..8 {
+            assert!(share(&next, 0, tiles).is_empty(), "{tiles} tiles");
+            let parts: Vec<i8> = (1..tiles)
+                .flat_map(|t| share(&next, t, tiles).to_vec())
+                .collect();
+            let want = if tiles > 1 { next.clone() } else { vec![] };
+            assert_eq!(parts, want, "{tiles} tiles");
+        }
+        assert!(share(&[] as &[i8], 1, 3).is_empty());
+    }
+
+    #[test]
     fn kernel_gives_the_reference_integers_at_every_edge() {
         for &(m, k, n) in &[
             (1, 4, 1),
@@ -510,6 +578,7 @@ pub(crate) mod tests {
             w_scales: &w_scales,
             w_sums: &w_sums,
             rows: 5,
+            ahead: &[],
         };
         let mut p = vec![-1f32; TILE_ROWS * PANEL];
         unsafe { tile_portable(&tile, p.as_mut_ptr(), PANEL) };
