@@ -150,17 +150,23 @@ impl QLinear {
     }
 }
 
-/// The part of the `next` panel that row tile `t` of `tiles` prefetches. The first tile reads its own panel
-/// from memory; the others find it in L2 and would leave memory idle, so
-/// they fetch the next between them. A short input (a 16-token query: 3
-/// tiles) then streams the weights while it computes instead of after.
+/// The part of the `next` panel that row tile `t` of `tiles` prefetches.
+/// The first tile reads its own panel from memory; the others find it in
+/// L2 and would leave memory idle, so the next two fetch the next panel
+/// between them. A short input (a 16-token query: 3 tiles) then streams
+/// the weights while it computes instead of after. With many tiles the
+/// first one's wait hardly counts, and the rest prefetch nothing.
 fn share<T>(next: &[T], t: usize, tiles: usize) -> &[T] {
-    if t == 0 || next.is_empty() {
+    let parts = (tiles - 1).min(PREFETCHING_TILES);
+    if t == 0 || t > parts || next.is_empty() {
         return &[];
     }
-    let (part, parts) = (t - 1, tiles - 1);
+    let part = t - 1;
     &next[next.len() * part / parts..next.len() * (part + 1) / parts]
 }
+
+/// Row tiles after the first that prefetch the next panel.
+const PREFETCHING_TILES: usize = 2;
 
 /// Prefetches of a range into L2, spread evenly over a loop's steps.
 #[cfg(target_arch = "x86_64")]
@@ -526,6 +532,7 @@ pub(crate) mod tests {
                 .collect();
             let want = if tiles > 1 { next.clone() } else { vec![] };
             assert_eq!(parts, want, "{tiles} tiles");
+            assert!(share(&next, PREFETCHING_TILES + 1, tiles).is_empty());
         }
         assert!(share(&[] as &[i8], 1, 3).is_empty());
     }
