@@ -269,6 +269,7 @@ fn position(kernel: PackedKernel, k: usize, c: usize, d: usize) -> (usize, usize
 
 /// One tile's work: `out[r] (+)= x[r][..depth] · block` for `rows` rows
 /// (the others repeat the last) and the PANEL columns of a block.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Tile<'a> {
     x: &'a [*const f32; PANEL_ROWS],
     /// `PANEL / strip` strips of `depth × strip` floats.

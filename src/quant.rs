@@ -353,6 +353,7 @@ struct Tile<'a> {
     /// Rows to write (the rest are padding).
     rows: usize,
     /// Part of the next panel to prefetch into L2 meanwhile.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     ahead: &'a [i8],
 }
 
