@@ -141,19 +141,19 @@ impl PackedLinear {
     fn pack_for(kernel: PackedKernel, w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w is not [n, k]");
         let mut packed = Self::zeroed(kernel, n, k);
-        let (kernel, len) = (packed.kernel, PANEL * k.max(1));
+        let strip = kernel.strip();
         packed
             .packed
-            .par_chunks_mut(len)
+            .par_chunks_mut(PANEL * k.max(1))
             .enumerate()
             .for_each(|(p, panel)| {
                 for (c, row) in (p * PANEL..n.min((p + 1) * PANEL)).enumerate() {
                     let row = &w[row * k..(row + 1) * k];
                     for d0 in (0..k).step_by(DEPTH) {
-                        let (at, step) = position(kernel, k, c, d0);
+                        let at = position(kernel, k, c, d0);
                         let depth = DEPTH.min(k - d0);
                         for (j, &v) in row[d0..d0 + depth].iter().enumerate() {
-                            panel[at + j * step] = v;
+                            panel[at + j * strip] = v;
                         }
                     }
                 }
@@ -170,13 +170,13 @@ impl PackedLinear {
     fn pack_transposed_for(kernel: PackedKernel, wt: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(wt.len(), k * n, "wt is not [k, n]");
         let mut packed = Self::zeroed(kernel, n, k);
-        let (kernel, strip) = (packed.kernel, packed.kernel.strip());
+        let strip = kernel.strip();
         for (p, panel) in packed.packed.chunks_mut(PANEL * k.max(1)).enumerate() {
             let cols = PANEL.min(n - p * PANEL);
             for d in 0..k {
                 let row = &wt[d * n + p * PANEL..][..cols];
                 for (s, part) in row.chunks(strip).enumerate() {
-                    let (at, _) = position(kernel, k, s * strip, d);
+                    let at = position(kernel, k, s * strip, d);
                     panel[at..at + part.len()].copy_from_slice(part);
                 }
             }
@@ -257,14 +257,13 @@ fn this_cpu() -> PackedKernel {
     PackedKernel::get().expect("PackedLinear on a CPU without AVX2 or AVX-512")
 }
 
-/// Where position `d` of a panel's column `c` lies in the panel, and the
-/// distance to position `d + 1` while in the same block.
-fn position(kernel: PackedKernel, k: usize, c: usize, d: usize) -> (usize, usize) {
+/// Where position `d` of a panel's column `c` lies in the panel. Within a
+/// block, position `d + 1` is one strip width further.
+fn position(kernel: PackedKernel, k: usize, c: usize, d: usize) -> usize {
     let strip = kernel.strip();
     let d0 = d - d % DEPTH;
     let depth = DEPTH.min(k - d0);
-    let at = d0 * PANEL + (c / strip) * depth * strip + (d - d0) * strip + c % strip;
-    (at, strip)
+    d0 * PANEL + (c / strip) * depth * strip + (d - d0) * strip + c % strip
 }
 
 /// One tile's work: `out[r] (+)= x[r][..depth] · block` for `rows` rows
