@@ -58,7 +58,8 @@ impl QLinear {
         rows.par_chunks_mut(kp)
             .zip(scales.par_iter_mut().zip(sums.par_iter_mut()))
             .zip(w.par_chunks(k.max(1)))
-            // Attention quantises each head's keys: a few rows of 64.
+            // A head's keys (attention) are rows of only 64: not worth a
+            // task each.
             .with_min_len(16)
             .for_each(|((q, (scale, sum)), row)| {
                 (*scale, *sum) = quantize_symmetric(&mut q[..row.len()], row, avx512)
@@ -199,27 +200,22 @@ impl Prefetch {
 /// largest magnitude over 127: returns the scale and `Σ q`. `avx512`: the
 /// CPU has AVX-512 (the same bytes, sooner).
 fn quantize_symmetric(q: &mut [i8], row: &[f32], avx512: bool) -> (f32, i32) {
+    let scale = |max: f32| if max > 0.0 { max / 127.0 } else { 1.0 };
     #[cfg(target_arch = "x86_64")]
     if avx512 {
         // SAFETY: the caller saw AVX-512.
         let (lo, hi) = unsafe { avx512::range(row) };
-        let max = (-lo).max(hi);
-        let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+        let scale = scale((-lo).max(hi));
         // |v / scale| is at most 127, so the asymmetric loop with zero point
         // 128 gives q + 128, every byte in 1..=255: a flipped top bit away.
         // SAFETY: i8 and u8 have the same layout; AVX-512 as above.
         let bytes = unsafe { std::slice::from_raw_parts_mut(q.as_mut_ptr() as *mut u8, q.len()) };
         unsafe { avx512::quantize(bytes, row, 1.0 / scale, 128.5) };
-        let mut sum = 0i32;
-        for b in bytes.iter_mut() {
-            *b ^= 0x80;
-            sum += *b as i8 as i32;
-        }
-        return (scale, sum);
+        bytes.iter_mut().for_each(|b| *b ^= 0x80);
+        return (scale, q.iter().map(|&v| v as i32).sum());
     }
     let _ = avx512;
-    let max = row.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    let scale = scale(row.iter().fold(0f32, |a, v| a.max(v.abs())));
     let inv = 1.0 / scale;
     for (q, &v) in q.iter_mut().zip(row) {
         // Rounds half up: truncation of a value made positive.
@@ -682,7 +678,8 @@ pub(crate) mod tests {
                 let mut row = values(len, seed, amplitude);
                 row[len / 2] = -2.0 * amplitude;
                 if len > 3 {
-                    row[1] = amplitude * 63.5 / 127.0;
+                    // 63.5 scales: a half to round.
+                    row[1] = amplitude;
                 }
                 let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
                 let portable = quantize_symmetric(&mut a, &row, false);
