@@ -12,10 +12,10 @@ RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
 export RECALL_TEST_CLIENTS_PYTHON
 cargo test --all-targets "$@"
 # The encoder's kernels depend on the CPU, so check the others against the
-# same references too: the packed kernel's AVX2 tile (CPUs without AVX-512,
-# where the run above took its AVX-512 tile) and candle's matmul (other
-# CPUs; GPUs).
+# same references too: the AVX2 tiles, f32 and q8 with its 7-bit weights
+# (CPUs without AVX-512, where the run above took the AVX-512 tiles), and
+# candle's matmul (other CPUs; GPUs).
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-  RECALL_MATMUL=avx2 cargo test "$@" --test bge_m3_parity --test minilm --test eval
+  RECALL_MATMUL=avx2 RECALL_Q8=avx2 cargo test "$@" --lib --test bge_m3_parity --test minilm --test eval
 fi
 RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval

@@ -181,6 +181,9 @@ mod tests {
 
     #[test]
     fn q8_is_close_to_f32_attention() {
-        check(Scores::Q8, 0.02);
+        // The keys' rounding step doubles with the AVX2 kernel's 7-bit
+        // weights (`Kernel::weight_limit`), and so does the error.
+        let limit = crate::quant::Kernel::get().weight_limit() as f32;
+        check(Scores::Q8, 0.02 * 127.0 / limit);
     }
 }

@@ -54,7 +54,7 @@ impl QLinear {
         let mut rows = vec![0i8; np * kp];
         let mut scales = vec![0f32; np];
         let mut sums = vec![0i32; np];
-        let avx512 = Kernel::get() == Kernel::Vnni;
+        let kernel = Kernel::get();
         rows.par_chunks_mut(kp)
             .zip(scales.par_iter_mut().zip(sums.par_iter_mut()))
             .zip(w.par_chunks(k.max(1)))
@@ -62,7 +62,7 @@ impl QLinear {
             // task each.
             .with_min_len(16)
             .for_each(|((q, (scale, sum)), row)| {
-                (*scale, *sum) = quantize_symmetric(&mut q[..row.len()], row, avx512)
+                (*scale, *sum) = quantize_symmetric(&mut q[..row.len()], row, kernel)
             });
         let mut packed = vec![0i8; np * kp];
         packed
@@ -104,7 +104,7 @@ impl QLinear {
             return vec![0f32; m * n];
         }
         let kernel = Kernel::get();
-        let rows = QuantRows::new(x, m, self.k, self.kp, kernel == Kernel::Vnni);
+        let rows = QuantRows::new(x, m, self.k, self.kp, kernel);
         let mut out = Vec::<f32>::with_capacity(m * np);
         let dst = Dst(out.as_mut_ptr());
         (0..np / PANEL).into_par_iter().for_each(|p| {
@@ -197,12 +197,13 @@ impl Prefetch {
 }
 
 /// `q = round(v / scale)` for a row of weights (or keys), the scale its
-/// largest magnitude over 127: returns the scale and `Σ q`. `avx512`: the
-/// CPU has AVX-512 (the same bytes, sooner).
-fn quantize_symmetric(q: &mut [i8], row: &[f32], avx512: bool) -> (f32, i32) {
-    let scale = |max: f32| if max > 0.0 { max / 127.0 } else { 1.0 };
+/// largest magnitude over `kernel.weight_limit()`: returns the scale and
+/// `Σ q`. With `Kernel::Vnni`, AVX-512 gives the same bytes sooner.
+fn quantize_symmetric(q: &mut [i8], row: &[f32], kernel: Kernel) -> (f32, i32) {
+    let limit = kernel.weight_limit() as f32;
+    let scale = |max: f32| if max > 0.0 { max / limit } else { 1.0 };
     #[cfg(target_arch = "x86_64")]
-    if avx512 {
+    if kernel == Kernel::Vnni {
         // SAFETY: the caller saw AVX-512.
         let (lo, hi) = unsafe { avx512::range(row) };
         let scale = scale((-lo).max(hi));
@@ -214,29 +215,51 @@ fn quantize_symmetric(q: &mut [i8], row: &[f32], avx512: bool) -> (f32, i32) {
         bytes.iter_mut().for_each(|b| *b ^= 0x80);
         return (scale, q.iter().map(|&v| v as i32).sum());
     }
-    let _ = avx512;
     let scale = scale(row.iter().fold(0f32, |a, v| a.max(v.abs())));
     let inv = 1.0 / scale;
+    let (lo, hi) = (128.0 - limit, 128.0 + limit);
     for (q, &v) in q.iter_mut().zip(row) {
         // Rounds half up: truncation of a value made positive.
-        *q = ((v * inv + 128.5).clamp(1.0, 255.0) as i32 - 128) as i8;
+        *q = ((v * inv + 128.5).clamp(lo, hi) as i32 - 128) as i8;
     }
     (scale, q.iter().map(|&v| v as i32).sum())
 }
 
-/// Which tile kernel runs. All give the same integers, so the same floats.
+/// Which tile kernel runs. On the same quantised weights all give the same
+/// integers, so the same floats; the AVX2 one needs weights within ±64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// AVX-512 VNNI `vpdpbusd`: 64 u8 × i8 products per instruction.
     Vnni,
-    /// AVX2 `vpmaddwd` on bytes widened to i16 (`vpmaddubsw` would be
-    /// twice as fast but saturates on 255 × 127 + 255 × 127).
+    /// AVX2 `vpmaddubsw` + `vpmaddwd`: 32 products per pair of
+    /// instructions, on 7-bit weights (their pairs of products would
+    /// overflow i16 otherwise, as ONNX Runtime's do on AVX2 CPUs).
     Avx2,
     /// Plain Rust, for other CPUs: far slower than f32.
     Portable,
 }
 
 impl Kernel {
+    /// What q8 adds to a model's revision (an index keeps to one): `q8`, or
+    /// `q8w7` for 7-bit weights.
+    pub fn revision_tag(self) -> &'static str {
+        match self.weight_limit() {
+            127 => "q8",
+            _ => "q8w7",
+        }
+    }
+
+    /// The largest quantised weight magnitude. 8 bits where the kernel sums
+    /// exactly in i32; 7 bits for `Avx2`'s i16 pair sums (255 · 64 · 2 fits
+    /// i16, 255 · 127 · 2 does not). It costs fidelity: on the tiny BGE-M3,
+    /// 1 - cosine to f32 goes from 2.2e-4 to 4.9e-4.
+    pub fn weight_limit(self) -> i32 {
+        match self {
+            Kernel::Avx2 => 64,
+            Kernel::Vnni | Kernel::Portable => 127,
+        }
+    }
+
     /// The best this CPU runs; `RECALL_Q8=avx2` or `portable` picks a lesser
     /// one (to compare). Checked once.
     pub fn get() -> Kernel {
@@ -272,7 +295,7 @@ struct QuantRows {
 }
 
 impl QuantRows {
-    fn new(x: &[f32], m: usize, k: usize, kp: usize, avx512: bool) -> Self {
+    fn new(x: &[f32], m: usize, k: usize, kp: usize, kernel: Kernel) -> Self {
         let mp = m.next_multiple_of(TILE_ROWS);
         let mut data = vec![0u8; mp * kp];
         let mut scales = vec![0f32; mp];
@@ -282,16 +305,24 @@ impl QuantRows {
             .zip(x.par_chunks(k))
             .for_each(|((q, (scale, zero)), row)| {
                 // The range always holds 0, so 0 is exact (padding, ReLU).
+                // SAFETY: `Kernel::get` saw each kernel's features.
                 #[cfg(target_arch = "x86_64")]
-                if avx512 {
-                    // SAFETY: the caller saw AVX-512 (`Kernel::Vnni`).
-                    let (lo, hi) = unsafe { avx512::range(row) };
-                    let (s, z, inv, shift) = Self::params(lo, hi);
-                    (*scale, *zero) = (s, z);
-                    unsafe { avx512::quantize(q, row, inv, shift) };
-                    return;
+                match kernel {
+                    Kernel::Vnni => unsafe {
+                        let (lo, hi) = avx512::range(row);
+                        let (s, z, inv, shift) = Self::params(lo, hi);
+                        (*scale, *zero) = (s, z);
+                        return avx512::quantize(q, row, inv, shift);
+                    },
+                    Kernel::Avx2 => unsafe {
+                        let (lo, hi) = avx2::range(row);
+                        let (s, z, inv, shift) = Self::params(lo, hi);
+                        (*scale, *zero) = (s, z);
+                        return avx2::quantize(q, row, inv, shift);
+                    },
+                    Kernel::Portable => {}
                 }
-                let _ = avx512;
+                let _ = kernel;
                 let (lo, hi) = row
                     .iter()
                     .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
@@ -364,6 +395,66 @@ mod avx512 {
     }
 }
 
+/// The AVX2 versions of `QuantRows`' loops, as `avx512`'s.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `(min(0, row), max(0, row))`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn range(row: &[f32]) -> (f32, f32) {
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let chunks = row.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            lo = _mm256_min_ps(lo, v);
+            hi = _mm256_max_ps(hi, v);
+        }
+        let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
+        unsafe {
+            _mm256_storeu_ps(l.as_mut_ptr(), lo);
+            _mm256_storeu_ps(h.as_mut_ptr(), hi);
+        }
+        l.iter()
+            .zip(&h)
+            .chain(tail.iter().zip(tail))
+            .fold((0f32, 0f32), |(lo, hi), (&l, &h)| (lo.min(l), hi.max(h)))
+    }
+
+    /// `q = clamp(v · inv + shift, 0, 255)` truncated, as the portable loop.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize(q: &mut [u8], row: &[f32], inv: f32, shift: f32) {
+        let (inv_v, shift_v) = (_mm256_set1_ps(inv), _mm256_set1_ps(shift));
+        let (zero, top) = (_mm256_setzero_ps(), _mm256_set1_ps(255.0));
+        // Packing goes by 128-bit lanes; this puts the 32 bytes back in order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let lanes = row.len() / 32 * 32;
+        for i in (0..lanes).step_by(32) {
+            unsafe {
+                let ints: [__m256i; 4] = std::array::from_fn(|j| {
+                    let v = _mm256_add_ps(
+                        _mm256_mul_ps(_mm256_loadu_ps(row.as_ptr().add(i + 8 * j)), inv_v),
+                        shift_v,
+                    );
+                    // max(NaN, 0) is 0, as `clamp` then `as u8` make it.
+                    _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, zero), top))
+                });
+                let words = (
+                    _mm256_packus_epi32(ints[0], ints[1]),
+                    _mm256_packus_epi32(ints[2], ints[3]),
+                );
+                let bytes = _mm256_packus_epi16(words.0, words.1);
+                let bytes = _mm256_permutevar8x32_epi32(bytes, order);
+                _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, bytes);
+            }
+        }
+        for (q, &v) in q[lanes..].iter_mut().zip(&row[lanes..]) {
+            *q = (v * inv + shift).clamp(0.0, 255.0) as u8;
+        }
+    }
+}
+
 /// One tile's inputs: TILE_ROWS quantised input rows against one panel.
 struct Tile<'a> {
     /// TILE_ROWS rows of `kp` bytes.
@@ -411,11 +502,13 @@ unsafe fn tile_portable(tile: &Tile, out: *mut f32, stride: usize) {
     }
 }
 
-/// One tile with AVX2: per group of 4 inputs, 4 columns' 16 bytes widened
-/// to i16 against the 4 input bytes widened and repeated, `vpmaddwd` giving
-/// each column two partial sums, added pairwise at the end. Sub-tiles of 3
-/// rows × 16 columns keep 12 accumulators in the 16 registers. (Widening
-/// the inputs once per tile instead measured no faster.)
+/// One tile with AVX2, `vpdpbusd` done in three steps: `vpmaddubsw` (u8 ×
+/// i8, pairs summed into i16), `vpmaddwd` by ones (pairs of those into
+/// i32) and an add. The i16 sums are exact because this kernel's weights
+/// stay within ±64 (`Kernel::weight_limit`): 255 · 64 · 2 < 2¹⁵. Four
+/// strips of 16 columns, each 6 rows × 2 registers; the weights are read
+/// as memory operands, so 12 accumulators, the ones, the inputs and a
+/// product fit in the 16 registers.
 ///
 /// # Safety
 /// The CPU has AVX2; `out` as for `tile_portable`.
@@ -423,46 +516,41 @@ unsafe fn tile_portable(tile: &Tile, out: *mut f32, stride: usize) {
 #[target_feature(enable = "avx2")]
 unsafe fn tile_avx2(tile: &Tile, out: *mut f32, stride: usize) {
     use std::arch::x86_64::*;
-    const ROWS: usize = 3;
     const COLS: usize = 16;
     let kp = tile.kp;
     assert!(tile.x.len() >= TILE_ROWS * kp && tile.panel.len() >= kp * PANEL);
-    for r0 in (0..tile.rows).step_by(ROWS) {
-        for c0 in (0..PANEL).step_by(COLS) {
-            unsafe {
-                // acc[r][q]: columns c0 + 4q .. c0 + 4q + 4, two lanes each.
-                let mut acc = [[_mm256_setzero_si256(); COLS / 4]; ROWS];
-                let x = tile.x.as_ptr().add(r0 * kp);
-                let w = tile.panel.as_ptr().add(c0 * GROUP);
-                for g in 0..kp / GROUP {
-                    let block = w.add(g * PANEL * GROUP);
-                    let wv: [__m256i; COLS / 4] = std::array::from_fn(|q| {
-                        _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(q * 16) as *const _))
-                    });
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let four = (x.add(r * kp + g * GROUP) as *const i32).read_unaligned();
-                        let xv = _mm256_cvtepu8_epi16(_mm_set1_epi32(four));
-                        for q in 0..COLS / 4 {
-                            acc[q] = _mm256_add_epi32(acc[q], _mm256_madd_epi16(xv, wv[q]));
-                        }
+    let groups = kp / GROUP;
+    let ahead = Prefetch::new(tile.ahead, groups * PANEL / COLS);
+    for c0 in (0..PANEL).step_by(COLS) {
+        unsafe {
+            let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+            let ones = _mm256_set1_epi16(1);
+            let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr().add(c0 * GROUP));
+            let step = c0 / COLS * groups;
+            for g in 0..groups {
+                if !tile.ahead.is_empty() {
+                    ahead.step(step + g);
+                }
+                let block = w.add(g * PANEL * GROUP) as *const __m256i;
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let four = (x.add(r * kp + g * GROUP) as *const i32).read_unaligned();
+                    let xv = _mm256_set1_epi32(four);
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let pairs = _mm256_maddubs_epi16(xv, _mm256_loadu_si256(block.add(h)));
+                        *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pairs, ones));
                     }
                 }
-                for (r, acc) in acc.iter().enumerate().take(tile.rows - r0) {
-                    let row = r0 + r;
-                    let zero = _mm256_set1_epi32(tile.x_zeros[row]);
-                    let scale = _mm256_set1_ps(tile.x_scales[row]);
-                    for half in 0..COLS / 8 {
-                        // [c0 c1 c4 c5 | c2 c3 c6 c7] → [c0 .. c7]
-                        let sums = _mm256_hadd_epi32(acc[2 * half], acc[2 * half + 1]);
-                        let sums = _mm256_permute4x64_epi64::<0b11_01_10_00>(sums);
-                        let col = c0 + 8 * half;
-                        let w_sums = _mm256_loadu_si256(tile.w_sums.as_ptr().add(col) as *const _);
-                        let w_scales = _mm256_loadu_ps(tile.w_scales.as_ptr().add(col));
-                        let v = _mm256_sub_epi32(sums, _mm256_mullo_epi32(zero, w_sums));
-                        let y =
-                            _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(scale, w_scales));
-                        _mm256_storeu_ps(out.add(row * stride + col), y);
-                    }
+            }
+            for (r, acc) in acc.iter().enumerate().take(tile.rows) {
+                let zero = _mm256_set1_epi32(tile.x_zeros[r]);
+                let scale = _mm256_set1_ps(tile.x_scales[r]);
+                for (h, &sums) in acc.iter().enumerate() {
+                    let col = c0 + 8 * h;
+                    let w_sums = _mm256_loadu_si256(tile.w_sums.as_ptr().add(col) as *const _);
+                    let w_scales = _mm256_loadu_ps(tile.w_scales.as_ptr().add(col));
+                    let v = _mm256_sub_epi32(sums, _mm256_mullo_epi32(zero, w_sums));
+                    let y = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(scale, w_scales));
+                    _mm256_storeu_ps(out.add(r * stride + col), y);
                 }
             }
         }
@@ -538,7 +626,7 @@ pub(crate) mod tests {
     /// The kernel's integers, one output at a time, from unpacked data.
     fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let q = QLinear::quantize(w, n, k);
-        let rows = QuantRows::new(x, m, k, q.kp, false);
+        let rows = QuantRows::new(x, m, k, q.kp, Kernel::Portable);
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {
@@ -597,49 +685,76 @@ pub(crate) mod tests {
         #[cfg(not(target_arch = "x86_64"))]
         let (vnni, avx2) = (false, false);
         let (m, k, kp) = (7, 1030, 1032);
-        let x = values(m * k, 7919, 3.0);
-        let a = QuantRows::new(&x, m, k, kp, false);
-        if vnni {
-            let b = QuantRows::new(&x, m, k, kp, true);
-            assert_eq!(
-                (&a.data, &a.scales, &a.zeros),
-                (&b.data, &b.scales, &b.zeros)
-            );
+        let mut x = values(m * k, 7919, 3.0);
+        // A row of one positive value: every input byte 255, the largest
+        // products there are.
+        x[..k].fill(3.0);
+        let a = QuantRows::new(&x, m, k, kp, Kernel::Portable);
+        assert!(a.data[..k].iter().all(|&q| q == 255));
+        for (kernel, run) in [(Kernel::Avx2, avx2), (Kernel::Vnni, vnni)] {
+            if run {
+                let b = QuantRows::new(&x, m, k, kp, kernel);
+                assert_eq!(
+                    (&a.data, &a.scales, &a.zeros),
+                    (&b.data, &b.scales, &b.zeros),
+                    "{kernel:?}"
+                );
+            }
         }
-        let panel: Vec<i8> = (0..PANEL * kp)
-            .map(|v| ((v * 17 % 255) as i32 - 127) as i8)
-            .collect();
         let w_scales: Vec<f32> = (0..PANEL).map(|c| 0.001 * (c + 1) as f32).collect();
         let w_sums: Vec<i32> = (0..PANEL).map(|c| c as i32 * 37 - 900).collect();
-        let tile = Tile {
-            x: &a.data[..TILE_ROWS * kp],
-            kp,
-            panel: &panel,
-            x_scales: &a.scales[..TILE_ROWS],
-            x_zeros: &a.zeros[..TILE_ROWS],
-            w_scales: &w_scales,
-            w_sums: &w_sums,
-            rows: 5,
-            ahead: &[],
-        };
-        let mut p = vec![-1f32; TILE_ROWS * PANEL];
-        unsafe { tile_portable(&tile, p.as_mut_ptr(), PANEL) };
-        assert!(
-            p[5 * PANEL..].iter().all(|&y| y == -1.0),
-            "a padding row was written"
-        );
-        #[cfg(target_arch = "x86_64")]
-        for (name, run, kernel) in [
-            ("AVX2", avx2, tile_avx2 as unsafe fn(&Tile, *mut f32, usize)),
-            ("AVX-512 VNNI", vnni, tile_vnni),
-        ] {
-            if !run {
-                eprintln!("quant: this CPU lacks {name}; its kernel is not compared");
-                continue;
+        // The next panel, to prefetch: any bytes.
+        let ahead = vec![0i8; PANEL * kp];
+        for limit in [127, 64] {
+            // Weights over the whole range, and the first 64 groups at its
+            // ends, so that pairs of products reach ±255 · limit · 2.
+            let mut panel: Vec<i8> = (0..PANEL * kp)
+                .map(|v| ((v * 17) as i32 % (2 * limit + 1) - limit) as i8)
+                .collect();
+            for (i, w) in panel[..64 * PANEL * GROUP].iter_mut().enumerate() {
+                *w = if (i / (PANEL * GROUP)).is_multiple_of(2) {
+                    limit
+                } else {
+                    -limit
+                } as i8;
             }
-            let mut v = vec![-1f32; TILE_ROWS * PANEL];
-            unsafe { kernel(&tile, v.as_mut_ptr(), PANEL) };
-            assert_eq!(p, v, "{name}");
+            let tile = Tile {
+                x: &a.data[..TILE_ROWS * kp],
+                kp,
+                panel: &panel,
+                x_scales: &a.scales[..TILE_ROWS],
+                x_zeros: &a.zeros[..TILE_ROWS],
+                w_scales: &w_scales,
+                w_sums: &w_sums,
+                rows: 5,
+                ahead: &ahead,
+            };
+            let mut p = vec![-1f32; TILE_ROWS * PANEL];
+            unsafe { tile_portable(&tile, p.as_mut_ptr(), PANEL) };
+            assert!(
+                p[5 * PANEL..].iter().all(|&y| y == -1.0),
+                "a padding row was written"
+            );
+            #[cfg(target_arch = "x86_64")]
+            for (kernel, run, tile_of) in [
+                (
+                    Kernel::Avx2,
+                    avx2,
+                    tile_avx2 as unsafe fn(&Tile, *mut f32, usize),
+                ),
+                (Kernel::Vnni, vnni, tile_vnni),
+            ] {
+                if !run {
+                    eprintln!("quant: this CPU lacks {kernel:?}; its kernel is not compared");
+                    continue;
+                }
+                if kernel.weight_limit() < limit {
+                    continue;
+                }
+                let mut v = vec![-1f32; TILE_ROWS * PANEL];
+                unsafe { tile_of(&tile, v.as_mut_ptr(), PANEL) };
+                assert_eq!(p, v, "{kernel:?}, weights within ±{limit}");
+            }
         }
     }
 
@@ -682,8 +797,8 @@ pub(crate) mod tests {
                     row[1] = amplitude;
                 }
                 let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
-                let portable = quantize_symmetric(&mut a, &row, false);
-                let vectorised = quantize_symmetric(&mut b, &row, true);
+                let portable = quantize_symmetric(&mut a, &row, Kernel::Portable);
+                let vectorised = quantize_symmetric(&mut b, &row, Kernel::Vnni);
                 assert_eq!((portable, &a), (vectorised, &b), "{len} × {amplitude}");
             }
         }

@@ -266,8 +266,9 @@ fn embedder_is_shared_across_threads() {
 }
 
 /// `--dtype q8`: every output stays close to FlagEmbedding's f32 ones on
-/// the tiny model (measured: dense ≥ 0.9997 cosine, ColBERT ≥ 0.9994; the
-/// integers are the same on every CPU, so these are too).
+/// the tiny model. Measured with 8-bit weights (AVX-512 VNNI, other CPUs):
+/// dense ≥ 0.9997 cosine, ColBERT ≥ 0.9994; with the 7-bit weights of AVX2
+/// CPUs (`RECALL_Q8=avx2`): 0.9995 and 0.9988.
 #[test]
 fn q8_stays_close_to_flagembedding() {
     let reference = reference();
@@ -300,14 +301,19 @@ fn q8_stays_close_to_flagembedding() {
     println!(
         "q8 vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.5}, ColBERT ≥ {colbert_min:.5}"
     );
-    assert!(dense_min >= 0.9995, "dense cosine {dense_min}");
-    assert!(colbert_min >= 0.999, "ColBERT cosine {colbert_min}");
+    let (dense_bar, colbert_bar) = match recall::quant::Kernel::get().weight_limit() {
+        127 => (0.9995, 0.999),
+        _ => (0.999, 0.998),
+    };
+    assert!(dense_min >= dense_bar, "dense cosine {dense_min}");
+    assert!(colbert_min >= colbert_bar, "ColBERT cosine {colbert_min}");
 
     // An index keeps to one of f32 and q8: they are different revisions.
     use recall::provider::local::identity_of;
     let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
     let (q8, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
-    assert_eq!(q8.revision, format!("{}+q8", f32.revision));
+    let tag = recall::quant::Kernel::get().revision_tag();
+    assert_eq!(q8.revision, format!("{}+{tag}", f32.revision));
     assert!(!f32.accepts(&q8) && !q8.accepts(&f32));
     assert!(f32.differences(&q8).iter().any(|d| d.contains("+q8")));
 }

@@ -103,7 +103,8 @@ fn minilm_paraphrases_score_above_unrelated_pairs() {
 
 /// `--dtype q8` (int8 weights): the vectors stay within 0.99 cosine of
 /// sentence-transformers' f32 ones on the real model, 0.998 on average
-/// (the empty text, two tokens pooled, is the farthest).
+/// (the empty text, two tokens pooled, is the farthest); 0.995 with the
+/// 7-bit weights of AVX2 CPUs (measured 0.9964, `RECALL_Q8=avx2`).
 #[test]
 fn minilm_q8_stays_close_to_sentence_transformers() {
     let reference = reference();
@@ -122,5 +123,9 @@ fn minilm_q8_stays_close_to_sentence_transformers() {
         assert!(*cos >= 0.99, "{:?}: cosine {cos}", case.text);
     }
     let mean = cosines.iter().sum::<f32>() / cosines.len() as f32;
-    assert!(mean >= 0.998, "mean cosine {mean}");
+    let bar = match recall::quant::Kernel::get().weight_limit() {
+        127 => 0.998,
+        _ => 0.995,
+    };
+    assert!(mean >= bar, "mean cosine {mean}");
 }

@@ -102,10 +102,11 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
         _ => (dir_name, "local".to_string()),
     };
     // int8 vectors are close to the f32 ones but not the same: an index
-    // keeps to one of them (and so does the embedding cache).
+    // keeps to one of them (and so does the embedding cache); and to one of
+    // 8-bit and 7-bit weights, which AVX2-only CPUs use.
     let revision = match info.dtype {
         crate::Dtype::F32 => revision,
-        dtype => format!("{revision}+{dtype}"),
+        crate::Dtype::Q8 => format!("{revision}+{}", crate::quant::Kernel::get().revision_tag()),
     };
     Identity {
         provider: Kind::Local.as_str().into(),
