@@ -1,7 +1,8 @@
 //! int8 linear layers, for `--dtype q8`.
 //!
 //! Weights are quantised once, at load: symmetric, one scale per output
-//! column (`w ≈ scale · q`, `q` in -127..=127). Activations are quantised
+//! column (`w ≈ scale · q`, `q` in -127..=127, or -64..=64 for the AVX2
+//! tile: `Kernel::weight_limit`). Activations are quantised
 //! per call: asymmetric, one scale and zero point per input row (`x ≈
 //! scale · (q - zero)`, `q` in 0..=255), which keeps the full 8 bits for
 //! GELU's lopsided outputs. The products are summed exactly in i32 and
@@ -16,8 +17,10 @@
 //! and nothing is reduced across lanes. Panels are split between threads.
 //!
 //! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
-//! an AVX2 tile and a portable loop compute the very same integers
-//! (`Kernel`), so results are identical on every CPU, only slower.
+//! an AVX2 tile and a portable loop compute the very same integers from the
+//! same weights (`Kernel`), only slower. The AVX2 tile needs weights within
+//! ±64, so CPUs that run it quantise to that and give slightly different
+//! vectors (another revision: `Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
 
 use rayon::prelude::*;
@@ -43,6 +46,8 @@ pub struct QLinear {
     scales: Vec<f32>,
     /// Per output column: the sum of its quantised weights.
     sums: Vec<i32>,
+    /// The largest weight magnitude it was quantised to.
+    limit: i32,
 }
 
 impl QLinear {
@@ -83,6 +88,7 @@ impl QLinear {
             packed,
             scales,
             sums,
+            limit: kernel.weight_limit(),
         }
     }
 
@@ -104,6 +110,11 @@ impl QLinear {
             return vec![0f32; m * n];
         }
         let kernel = Kernel::get();
+        // The AVX2 tile's i16 sums are exact only on its own weights.
+        assert!(
+            self.limit <= kernel.weight_limit(),
+            "weights too wide for {kernel:?}"
+        );
         let rows = QuantRows::new(x, m, self.k, self.kp, kernel);
         let mut out = Vec::<f32>::with_capacity(m * np);
         let dst = Dst(out.as_mut_ptr());
@@ -363,8 +374,9 @@ mod avx512 {
         let tail = chunks.remainder();
         for c in chunks {
             let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
-            lo = _mm512_min_ps(lo, v);
-            hi = _mm512_max_ps(hi, v);
+            // A NaN gives back the second operand: skipped, as f32::min does.
+            lo = _mm512_min_ps(v, lo);
+            hi = _mm512_max_ps(v, hi);
         }
         let (lo, hi) = (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
         tail.iter()
@@ -408,8 +420,9 @@ mod avx2 {
         let tail = chunks.remainder();
         for c in chunks {
             let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
-            lo = _mm256_min_ps(lo, v);
-            hi = _mm256_max_ps(hi, v);
+            // A NaN gives back the second operand: skipped, as f32::min does.
+            lo = _mm256_min_ps(v, lo);
+            hi = _mm256_max_ps(v, hi);
         }
         let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
         unsafe {
@@ -689,6 +702,8 @@ pub(crate) mod tests {
         // A row of one positive value: every input byte 255, the largest
         // products there are.
         x[..k].fill(3.0);
+        // A NaN (a broken model's) is skipped by the range, 0 as a byte.
+        x[2 * k + 9] = f32::NAN;
         let a = QuantRows::new(&x, m, k, kp, Kernel::Portable);
         assert!(a.data[..k].iter().all(|&q| q == 255));
         for (kernel, run) in [(Kernel::Avx2, avx2), (Kernel::Vnni, vnni)] {
