@@ -702,8 +702,11 @@ pub(crate) mod tests {
         // A row of one positive value: every input byte 255, the largest
         // products there are.
         x[..k].fill(3.0);
-        // A NaN (a broken model's) is skipped by the range, 0 as a byte.
-        x[2 * k + 9] = f32::NAN;
+        // A NaN (a broken model's) is skipped by the range, 0 as a byte: put
+        // after the row's minimum in the same vector lane (for 8 and 16
+        // lanes), which a NaN-keeping min would lose.
+        x[2 * k + 9] = -5.0;
+        x[2 * k + 25] = f32::NAN;
         let a = QuantRows::new(&x, m, k, kp, Kernel::Portable);
         assert!(a.data[..k].iter().all(|&q| q == 255));
         for (kernel, run) in [(Kernel::Avx2, avx2), (Kernel::Vnni, vnni)] {
