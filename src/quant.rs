@@ -17,8 +17,9 @@
 //! and nothing is reduced across lanes. Panels are split between threads.
 //!
 //! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
-//! an AVX2 tile and a portable loop compute the very same integers from the
-//! same weights (`Kernel`), only slower. The AVX2 tile needs weights within
+//! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile and a
+//! portable loop compute the very same integers from the same weights
+//! (`Kernel`), only slower. The AVX2 tile needs weights within
 //! ±64, so CPUs that run it quantise to that and give slightly different
 //! vectors (another revision: `Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
@@ -148,6 +149,8 @@ impl QLinear {
                     Kernel::Vnni => unsafe { tile_vnni(&tile, out, np) },
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx2 => unsafe { tile_avx2(&tile, out, np) },
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::AvxVnni => unsafe { tile_avx_vnni(&tile, out, np) },
                     _ => unsafe { tile_portable(&tile, out, np) },
                 }
             }
@@ -242,6 +245,8 @@ fn quantize_symmetric(q: &mut [i8], row: &[f32], kernel: Kernel) -> (f32, i32) {
 pub enum Kernel {
     /// AVX-512 VNNI `vpdpbusd`: 64 u8 × i8 products per instruction.
     Vnni,
+    /// AVX-VNNI `vpdpbusd` on 256 bits: 32 products per instruction.
+    AvxVnni,
     /// AVX2 `vpmaddubsw` + `vpmaddwd`: 32 products per pair of
     /// instructions, on 7-bit weights (their pairs of products would
     /// overflow i16 otherwise, as ONNX Runtime's do on AVX2 CPUs).
@@ -267,7 +272,7 @@ impl Kernel {
     pub fn weight_limit(self) -> i32 {
         match self {
             Kernel::Avx2 => 64,
-            Kernel::Vnni | Kernel::Portable => 127,
+            Kernel::Vnni | Kernel::AvxVnni | Kernel::Portable => 127,
         }
     }
 
@@ -285,6 +290,9 @@ impl Kernel {
                     && has!("avx512vnni")
                 {
                     return Kernel::Vnni;
+                }
+                if !matches!(wanted.as_str(), "avx2" | "portable") && has!("avxvnni") {
+                    return Kernel::AvxVnni;
                 }
                 if wanted != "portable" && has!("avx2") {
                     return Kernel::Avx2;
@@ -325,7 +333,7 @@ impl QuantRows {
                         (*scale, *zero) = (s, z);
                         return avx512::quantize(q, row, inv, shift);
                     },
-                    Kernel::Avx2 => unsafe {
+                    Kernel::Avx2 | Kernel::AvxVnni => unsafe {
                         let (lo, hi) = avx2::range(row);
                         let (s, z, inv, shift) = Self::params(lo, hi);
                         (*scale, *zero) = (s, z);
@@ -515,60 +523,100 @@ unsafe fn tile_portable(tile: &Tile, out: *mut f32, stride: usize) {
     }
 }
 
-/// One tile with AVX2, `vpdpbusd` done in three steps: `vpmaddubsw` (u8 ×
-/// i8, pairs summed into i16), `vpmaddwd` by ones (pairs of those into
-/// i32) and an add. The i16 sums are exact because this kernel's weights
-/// stay within ±64 (`Kernel::weight_limit`): 255 · 64 · 2 < 2¹⁵. Four
-/// strips of 16 columns, each 6 rows × 2 registers; the weights are read
-/// as memory operands, so 12 accumulators, the ones, the inputs and a
-/// product fit in the 16 registers.
-///
-/// # Safety
-/// The CPU has AVX2; `out` as for `tile_portable`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn tile_avx2(tile: &Tile, out: *mut f32, stride: usize) {
-    use std::arch::x86_64::*;
-    const COLS: usize = 16;
-    let kp = tile.kp;
-    assert!(tile.x.len() >= TILE_ROWS * kp && tile.panel.len() >= kp * PANEL);
-    let groups = kp / GROUP;
-    let ahead = Prefetch::new(tile.ahead, groups * PANEL / COLS);
-    for c0 in (0..PANEL).step_by(COLS) {
-        unsafe {
-            let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
-            let ones = _mm256_set1_epi16(1);
-            let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr().add(c0 * GROUP));
-            let step = c0 / COLS * groups;
-            for g in 0..groups {
-                if !tile.ahead.is_empty() {
-                    ahead.step(step + g);
-                }
-                let block = w.add(g * PANEL * GROUP) as *const __m256i;
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let four = (x.add(r * kp + g * GROUP) as *const i32).read_unaligned();
-                    let xv = _mm256_set1_epi32(four);
-                    for (h, acc) in acc.iter_mut().enumerate() {
-                        let pairs = _mm256_maddubs_epi16(xv, _mm256_loadu_si256(block.add(h)));
-                        *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pairs, ones));
+/// Defines a tile on 256-bit registers: four strips of 16 columns, each 6
+/// rows × 2 registers. The weights are read as memory operands, so 12
+/// accumulators, the inputs and a product fit in the 16 registers. `dot`
+/// adds to `acc` the four u8 × i8 products of each i32 lane of `x` and `w`;
+/// the tiles differ only in how.
+macro_rules! tile_256 {
+    ($(#[$doc:meta])* $name:ident, $features:literal, |$acc:ident, $x:ident, $w:ident| $dot:expr) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(tile: &Tile, out: *mut f32, stride: usize) {
+            use std::arch::x86_64::*;
+            const COLS: usize = 16;
+            let kp = tile.kp;
+            assert!(tile.x.len() >= TILE_ROWS * kp && tile.panel.len() >= kp * PANEL);
+            let groups = kp / GROUP;
+            let ahead = Prefetch::new(tile.ahead, groups * PANEL / COLS);
+            for c0 in (0..PANEL).step_by(COLS) {
+                unsafe {
+                    let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+                    let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr().add(c0 * GROUP));
+                    let step = c0 / COLS * groups;
+                    for g in 0..groups {
+                        if !tile.ahead.is_empty() {
+                            ahead.step(step + g);
+                        }
+                        let block = w.add(g * PANEL * GROUP) as *const __m256i;
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let four = (x.add(r * kp + g * GROUP) as *const i32).read_unaligned();
+                            let xv = _mm256_set1_epi32(four);
+                            for (h, acc) in acc.iter_mut().enumerate() {
+                                let ($acc, $x, $w) = (*acc, xv, _mm256_loadu_si256(block.add(h)));
+                                *acc = $dot;
+                            }
+                        }
+                    }
+                    for (r, acc) in acc.iter().enumerate().take(tile.rows) {
+                        let zero = _mm256_set1_epi32(tile.x_zeros[r]);
+                        let scale = _mm256_set1_ps(tile.x_scales[r]);
+                        for (h, &sums) in acc.iter().enumerate() {
+                            let col = c0 + 8 * h;
+                            let w_sums =
+                                _mm256_loadu_si256(tile.w_sums.as_ptr().add(col) as *const _);
+                            let w_scales = _mm256_loadu_ps(tile.w_scales.as_ptr().add(col));
+                            let v = _mm256_sub_epi32(sums, _mm256_mullo_epi32(zero, w_sums));
+                            let y = _mm256_mul_ps(
+                                _mm256_cvtepi32_ps(v),
+                                _mm256_mul_ps(scale, w_scales),
+                            );
+                            _mm256_storeu_ps(out.add(r * stride + col), y);
+                        }
                     }
                 }
             }
-            for (r, acc) in acc.iter().enumerate().take(tile.rows) {
-                let zero = _mm256_set1_epi32(tile.x_zeros[r]);
-                let scale = _mm256_set1_ps(tile.x_scales[r]);
-                for (h, &sums) in acc.iter().enumerate() {
-                    let col = c0 + 8 * h;
-                    let w_sums = _mm256_loadu_si256(tile.w_sums.as_ptr().add(col) as *const _);
-                    let w_scales = _mm256_loadu_ps(tile.w_scales.as_ptr().add(col));
-                    let v = _mm256_sub_epi32(sums, _mm256_mullo_epi32(zero, w_sums));
-                    let y = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(scale, w_scales));
-                    _mm256_storeu_ps(out.add(r * stride + col), y);
-                }
-            }
         }
-    }
+    };
 }
+
+tile_256!(
+    /// One tile with AVX2, `vpdpbusd` done in three steps: `vpmaddubsw` (u8
+    /// × i8, pairs summed into i16), `vpmaddwd` by ones (pairs of those into
+    /// i32) and an add. The i16 sums are exact because this kernel's weights
+    /// stay within ±64 (`Kernel::weight_limit`): 255 · 64 · 2 < 2¹⁵.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `out` as for `tile_portable`.
+    tile_avx2,
+    "avx2",
+    |acc, x, w| _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1))
+    )
+);
+
+tile_256!(
+    /// One tile with AVX-VNNI's `vpdpbusd` on 256 bits, for CPUs that have
+    /// it without AVX-512 (Intel's client chips since Alder Lake, its E-core
+    /// servers): exact on 8-bit weights, as `tile_vnni`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-VNNI; `out` as for `tile_portable`.
+    tile_avx_vnni,
+    "avx2,avxvnni",
+    |acc, x, w| _mm256_dpbusd_avx_epi32(acc, x, w)
+);
+
+// The same tile with AVX-512 VNNI's encoding of that instruction, on 256
+// bits: the CPUs that test have AVX-512 rather than AVX-VNNI.
+#[cfg(test)]
+tile_256!(
+    tile_avx_vnni_as_avx512,
+    "avx2,avx512vnni,avx512vl",
+    |acc, x, w| _mm256_dpbusd_epi32(acc, x, w)
+);
 
 /// One tile with `vpdpbusd` (u8 × i8, four products summed into each i32
 /// lane, exactly: no saturation), the scales applied in registers.
@@ -691,10 +739,16 @@ pub(crate) mod tests {
     #[test]
     fn every_kernel_gives_the_same_floats() {
         #[cfg(target_arch = "x86_64")]
-        let (vnni, avx2) = (
-            std::arch::is_x86_feature_detected!("avx512vnni"),
-            std::arch::is_x86_feature_detected!("avx2"),
-        );
+        let (vnni, avx_vnni, vnni_256, avx2) = {
+            use std::arch::is_x86_feature_detected as has;
+            let vnni = has!("avx512vnni");
+            (
+                vnni,
+                has!("avxvnni"),
+                vnni && has!("avx512vl"),
+                has!("avx2"),
+            )
+        };
         #[cfg(not(target_arch = "x86_64"))]
         let (vnni, avx2) = (false, false);
         let (m, k, kp) = (7, 1030, 1032);
@@ -709,7 +763,11 @@ pub(crate) mod tests {
         x[2 * k + 25] = f32::NAN;
         let a = QuantRows::new(&x, m, k, kp, Kernel::Portable);
         assert!(a.data[..k].iter().all(|&q| q == 255));
-        for (kernel, run) in [(Kernel::Avx2, avx2), (Kernel::Vnni, vnni)] {
+        for (kernel, run) in [
+            (Kernel::Avx2, avx2),
+            (Kernel::AvxVnni, avx2),
+            (Kernel::Vnni, vnni),
+        ] {
             if run {
                 let b = QuantRows::new(&x, m, k, kp, kernel);
                 assert_eq!(
@@ -754,16 +812,24 @@ pub(crate) mod tests {
                 "a padding row was written"
             );
             #[cfg(target_arch = "x86_64")]
-            for (kernel, run, tile_of) in [
+            for (name, kernel, run, tile_of) in [
                 (
+                    "AVX2",
                     Kernel::Avx2,
                     avx2,
                     tile_avx2 as unsafe fn(&Tile, *mut f32, usize),
                 ),
-                (Kernel::Vnni, vnni, tile_vnni),
+                ("AVX-512 VNNI", Kernel::Vnni, vnni, tile_vnni),
+                ("AVX-VNNI", Kernel::AvxVnni, avx_vnni, tile_avx_vnni),
+                (
+                    "AVX-VNNI's tile as AVX-512 VNNI on 256 bits",
+                    Kernel::AvxVnni,
+                    vnni_256,
+                    tile_avx_vnni_as_avx512,
+                ),
             ] {
                 if !run {
-                    eprintln!("quant: this CPU lacks {kernel:?}; its kernel is not compared");
+                    eprintln!("quant: this CPU lacks {name}; that tile is not compared");
                     continue;
                 }
                 if kernel.weight_limit() < limit {
@@ -771,7 +837,7 @@ pub(crate) mod tests {
                 }
                 let mut v = vec![-1f32; TILE_ROWS * PANEL];
                 unsafe { tile_of(&tile, v.as_mut_ptr(), PANEL) };
-                assert_eq!(p, v, "{kernel:?}, weights within ±{limit}");
+                assert_eq!(p, v, "{name}, weights within ±{limit}");
             }
         }
     }
