@@ -212,31 +212,67 @@ impl Prefetch {
 
 /// `q = round(v / scale)` for a row of weights (or keys), the scale its
 /// largest magnitude over `kernel.weight_limit()`: returns the scale and
-/// `Σ q`. With `Kernel::Vnni`, AVX-512 gives the same bytes sooner.
+/// `Σ q`.
 fn quantize_symmetric(q: &mut [i8], row: &[f32], kernel: Kernel) -> (f32, i32) {
-    let limit = kernel.weight_limit() as f32;
-    let scale = |max: f32| if max > 0.0 { max / limit } else { 1.0 };
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Vnni {
-        // SAFETY: the caller saw AVX-512.
-        let (lo, hi) = unsafe { avx512::range(row) };
-        let scale = scale((-lo).max(hi));
-        // |v / scale| is at most 127, so the asymmetric loop with zero point
-        // 128 gives q + 128, every byte in 1..=255: a flipped top bit away.
-        // SAFETY: i8 and u8 have the same layout; AVX-512 as above.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(q.as_mut_ptr() as *mut u8, q.len()) };
-        unsafe { avx512::quantize(bytes, row, 1.0 / scale, 128.5) };
-        bytes.iter_mut().for_each(|b| *b ^= 0x80);
-        return (scale, q.iter().map(|&v| v as i32).sum());
-    }
-    let scale = scale(row.iter().fold(0f32, |a, v| a.max(v.abs())));
-    let inv = 1.0 / scale;
-    let (lo, hi) = (128.0 - limit, 128.0 + limit);
-    for (q, &v) in q.iter_mut().zip(row) {
-        // Rounds half up: truncation of a value made positive.
-        *q = ((v * inv + 128.5).clamp(lo, hi) as i32 - 128) as i8;
-    }
+    symmetric_with(q, row, kernel.weight_limit(), RowLoops::of(kernel))
+}
+
+fn symmetric_with(q: &mut [i8], row: &[f32], limit: i32, loops: RowLoops) -> (f32, i32) {
+    // SAFETY: `RowLoops::of` picks loops this CPU runs.
+    let (lo, hi) = unsafe { (loops.range)(row) };
+    let max = (-lo).max(hi);
+    let scale = if max > 0.0 { max / limit as f32 } else { 1.0 };
+    // |v / scale| is at most the limit, so the asymmetric loop with zero
+    // point 128 (rounding half up) gives q + 128, every byte in 1..=255: a
+    // flipped top bit away.
+    // SAFETY: i8 and u8 have the same layout; the loops as above.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(q.as_mut_ptr() as *mut u8, q.len()) };
+    unsafe { (loops.quantize)(bytes, row, 1.0 / scale, 128.5) };
+    bytes.iter_mut().for_each(|b| *b ^= 0x80);
     (scale, q.iter().map(|&v| v as i32).sum())
+}
+
+/// The two loops that quantise a row: its range, `(min(0, row), max(0,
+/// row))`, and `q = clamp(v · inv + shift, 0, 255)` truncated. The vector
+/// versions give the very bytes of the portable ones.
+#[derive(Clone, Copy)]
+struct RowLoops {
+    range: unsafe fn(&[f32]) -> (f32, f32),
+    quantize: unsafe fn(&mut [u8], &[f32], f32, f32),
+}
+
+impl RowLoops {
+    /// The fastest loops for `kernel`'s CPUs.
+    fn of(kernel: Kernel) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        match kernel {
+            Kernel::Vnni => {
+                return Self {
+                    range: avx512::range,
+                    quantize: avx512::quantize,
+                };
+            }
+            Kernel::Avx2 | Kernel::AvxVnni => {
+                return Self {
+                    range: avx2::range,
+                    quantize: avx2::quantize,
+                };
+            }
+            Kernel::Portable => {}
+        }
+        let _ = kernel;
+        Self {
+            range: |row| {
+                row.iter()
+                    .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+            },
+            quantize: |q, row, inv, shift| {
+                for (q, &v) in q.iter_mut().zip(row) {
+                    *q = (v * inv + shift).clamp(0.0, 255.0) as u8;
+                }
+            },
+        }
+    }
 }
 
 /// Which tile kernel runs. On the same quantised weights all give the same
@@ -319,37 +355,17 @@ impl QuantRows {
         let mut data = vec![0u8; mp * kp];
         let mut scales = vec![0f32; mp];
         let mut zeros = vec![0i32; mp];
+        let loops = RowLoops::of(kernel);
         data.par_chunks_mut(kp)
             .zip(scales.par_iter_mut().zip(zeros.par_iter_mut()))
             .zip(x.par_chunks(k))
             .for_each(|((q, (scale, zero)), row)| {
                 // The range always holds 0, so 0 is exact (padding, ReLU).
-                // SAFETY: `Kernel::get` saw each kernel's features.
-                #[cfg(target_arch = "x86_64")]
-                match kernel {
-                    Kernel::Vnni => unsafe {
-                        let (lo, hi) = avx512::range(row);
-                        let (s, z, inv, shift) = Self::params(lo, hi);
-                        (*scale, *zero) = (s, z);
-                        return avx512::quantize(q, row, inv, shift);
-                    },
-                    Kernel::Avx2 | Kernel::AvxVnni => unsafe {
-                        let (lo, hi) = avx2::range(row);
-                        let (s, z, inv, shift) = Self::params(lo, hi);
-                        (*scale, *zero) = (s, z);
-                        return avx2::quantize(q, row, inv, shift);
-                    },
-                    Kernel::Portable => {}
-                }
-                let _ = kernel;
-                let (lo, hi) = row
-                    .iter()
-                    .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                // SAFETY: `RowLoops::of` picks loops this CPU runs.
+                let (lo, hi) = unsafe { (loops.range)(row) };
                 let (s, z, inv, shift) = Self::params(lo, hi);
                 (*scale, *zero) = (s, z);
-                for (q, &v) in q.iter_mut().zip(row) {
-                    *q = (v * inv + shift).clamp(0.0, 255.0) as u8;
-                }
+                unsafe { (loops.quantize)(q, row, inv, shift) };
             });
         Self {
             data,
@@ -524,10 +540,9 @@ unsafe fn tile_portable(tile: &Tile, out: *mut f32, stride: usize) {
 }
 
 /// Defines a tile on 256-bit registers: four strips of 16 columns, each 6
-/// rows × 2 registers. The weights are read as memory operands, so 12
-/// accumulators, the inputs and a product fit in the 16 registers. `dot`
-/// adds to `acc` the four u8 × i8 products of each i32 lane of `x` and `w`;
-/// the tiles differ only in how.
+/// rows × 2 registers (12 of the 16 accumulate). `dot` adds to `acc` the
+/// four u8 × i8 products of each i32 lane of `x` and of the 32 weight bytes
+/// at `w`; the tiles differ only in how.
 macro_rules! tile_256 {
     ($(#[$doc:meta])* $name:ident, $features:literal, |$acc:ident, $x:ident, $w:ident| $dot:expr) => {
         $(#[$doc])*
@@ -554,7 +569,7 @@ macro_rules! tile_256 {
                             let four = (x.add(r * kp + g * GROUP) as *const i32).read_unaligned();
                             let xv = _mm256_set1_epi32(four);
                             for (h, acc) in acc.iter_mut().enumerate() {
-                                let ($acc, $x, $w) = (*acc, xv, _mm256_loadu_si256(block.add(h)));
+                                let ($acc, $x, $w) = (*acc, xv, block.add(h));
                                 *acc = $dot;
                             }
                         }
@@ -591,10 +606,26 @@ tile_256!(
     /// The CPU has AVX2; `out` as for `tile_portable`.
     tile_avx2,
     "avx2",
-    |acc, x, w| _mm256_add_epi32(
-        acc,
-        _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1))
-    )
+    |acc, x, w| {
+        // In assembly so that the weights stay memory operands: as
+        // intrinsics, LLVM loads each once into a register for the six rows,
+        // and with those two the 12 accumulators, the input, the product and
+        // the ones need 17 registers, so one accumulator went to the stack
+        // and back on every step.
+        let mut acc = acc;
+        std::arch::asm!(
+            "vpmaddubsw {t}, {x}, [{w}]",
+            "vpmaddwd {t}, {t}, {ones}",
+            "vpaddd {acc}, {acc}, {t}",
+            acc = inout(ymm_reg) acc,
+            x = in(ymm_reg) x,
+            w = in(reg) w,
+            ones = in(ymm_reg) _mm256_set1_epi16(1),
+            t = out(ymm_reg) _,
+            options(nostack, readonly, preserves_flags),
+        );
+        acc
+    }
 );
 
 tile_256!(
@@ -606,7 +637,7 @@ tile_256!(
     /// The CPU has AVX-VNNI; `out` as for `tile_portable`.
     tile_avx_vnni,
     "avx2,avxvnni",
-    |acc, x, w| _mm256_dpbusd_avx_epi32(acc, x, w)
+    |acc, x, w| _mm256_dpbusd_avx_epi32(acc, x, _mm256_loadu_si256(w))
 );
 
 // The same tile with AVX-512 VNNI's encoding of that instruction, on 256
@@ -615,7 +646,7 @@ tile_256!(
 tile_256!(
     tile_avx_vnni_as_avx512,
     "avx2,avx512vnni,avx512vl",
-    |acc, x, w| _mm256_dpbusd_epi32(acc, x, w)
+    |acc, x, w| _mm256_dpbusd_epi32(acc, x, _mm256_loadu_si256(w))
 );
 
 /// One tile with `vpdpbusd` (u8 × i8, four products summed into each i32
@@ -864,26 +895,46 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn symmetric_rows_are_the_same_bytes_with_avx512() {
+    fn symmetric_rows_are_the_same_bytes_with_vector_loops() {
+        let mut kernels = Vec::new();
         #[cfg(target_arch = "x86_64")]
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("this CPU lacks AVX-512: only the portable loop runs");
-            return;
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                kernels.push(Kernel::Vnni);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                kernels.extend([Kernel::Avx2, Kernel::AvxVnni]);
+            }
+        }
+        if kernels.is_empty() {
+            eprintln!("this CPU has no vector loop: only the portable one runs");
         }
         // Tails of every length; the largest magnitude on either side;
         // halves that round; zeros.
-        for len in [1, 15, 16, 17, 64, 100] {
+        for len in [1, 15, 16, 17, 40, 64, 100] {
             for (seed, amplitude) in [(7919, 1.0), (104729, 3e-3), (1, 0.0)] {
                 let mut row = values(len, seed, amplitude);
                 row[len / 2] = -2.0 * amplitude;
                 if len > 3 {
-                    // 63.5 scales: a half to round.
+                    // Halves to round: 63.5 scales at ±127, 1.5 at ±64.
                     row[1] = amplitude;
+                    row[2] = amplitude * 3.0 / 64.0;
                 }
-                let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
-                let portable = quantize_symmetric(&mut a, &row, Kernel::Portable);
-                let vectorised = quantize_symmetric(&mut b, &row, Kernel::Vnni);
-                assert_eq!((portable, &a), (vectorised, &b), "{len} × {amplitude}");
+                for &kernel in &kernels {
+                    let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
+                    let portable = symmetric_with(
+                        &mut a,
+                        &row,
+                        kernel.weight_limit(),
+                        RowLoops::of(Kernel::Portable),
+                    );
+                    let vectorised = quantize_symmetric(&mut b, &row, kernel);
+                    assert_eq!(
+                        (portable, &a),
+                        (vectorised, &b),
+                        "{kernel:?}: {len} × {amplitude}"
+                    );
+                }
             }
         }
     }
