@@ -103,7 +103,7 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
     };
     // int8 vectors are close to the f32 ones but not the same: an index
     // keeps to one of them (and so does the embedding cache); and to one of
-    // 8-bit and 7-bit weights, which AVX2-only CPUs use.
+    // 8-bit weights and the 7-bit ones of CPUs without VNNI.
     let revision = match info.dtype {
         crate::Dtype::F32 => revision,
         crate::Dtype::Q8 => format!("{revision}+{}", crate::quant::Kernel::get().revision_tag()),
