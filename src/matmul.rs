@@ -8,6 +8,10 @@
 //! load: panels of 64 output columns, in blocks of DEPTH positions that stay
 //! in L2 while every row tile of the input uses them, each block in strips
 //! as wide as the tile, read start to end. Panels are split between threads.
+//! With few rows (a query) the first row tile of a block waits on memory
+//! and the rest find the block in L2, so the next two tiles prefetch the
+//! next block between them (`share`): a 16-token query's weights then
+//! stream while it computes.
 //!
 //! The tile is 6 input rows × 64 columns with AVX-512 (24 accumulators:
 //! each weight load feeds 6 FMAs, each broadcast input 4), or 6 rows × 16
@@ -67,6 +71,59 @@ const PANEL_ROWS: usize = 6;
 /// Input positions per pass over the rows: a panel's block of weights
 /// (PANEL × DEPTH floats, 128 KiB) stays in L2 while every row tile uses it.
 const DEPTH: usize = 512;
+
+/// The part of the `next` block of weights that row tile `t` of `tiles`
+/// prefetches (`PackedLinear`'s and `crate::quant`'s tiles).
+/// The first tile reads its own panel from memory; the others find it in
+/// L2 and would leave memory idle, so the next two fetch the next block
+/// between them. A short input (a 16-token query: 3 tiles) then streams
+/// the weights while it computes instead of after. With many tiles the
+/// first one's wait hardly counts, and the rest prefetch nothing.
+pub(crate) fn share<T>(next: &[T], t: usize, tiles: usize) -> &[T] {
+    let parts = (tiles - 1).min(PREFETCHING_TILES);
+    if t == 0 || t > parts || next.is_empty() {
+        return &[];
+    }
+    let part = t - 1;
+    &next[next.len() * part / parts..next.len() * (part + 1) / parts]
+}
+
+/// Row tiles after the first that prefetch the next panel.
+pub(crate) const PREFETCHING_TILES: usize = 2;
+
+/// Prefetches of a range into L2, spread evenly over a loop's steps.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Prefetch {
+    start: *const i8,
+    lines: usize,
+    per_step: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Prefetch {
+    pub(crate) fn new<T>(range: &[T], steps: usize) -> Self {
+        let lines = std::mem::size_of_val(range).div_ceil(64);
+        Self {
+            start: range.as_ptr() as *const i8,
+            lines,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// The prefetches of loop step `step`.
+    #[inline(always)]
+    pub(crate) fn step(&self, step: usize) {
+        use std::arch::x86_64::*;
+        let end = ((step + 1) * self.per_step).min(self.lines);
+        for line in step * self.per_step..end {
+            // A prefetch never faults, and the line is inside the range.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.start.wrapping_add(line * 64)) };
+        }
+    }
+}
+
+/// Tile steps (input positions) between prefetches.
+const PREFETCH_RUN: usize = 16;
 
 /// Which tile `PackedLinear` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,9 +273,17 @@ impl PackedLinear {
         let dst = Dst(out.as_mut_ptr());
         (0..np / PANEL).into_par_iter().for_each(|p| {
             let panel = &self.packed[p * PANEL * k..(p + 1) * PANEL * k];
+            let tiles = m.div_ceil(PANEL_ROWS);
             for d in (0..k).step_by(DEPTH) {
                 let depth = DEPTH.min(k - d);
-                for i in (0..m).step_by(PANEL_ROWS) {
+                // The block after this one, the thread's next very likely:
+                // the panel's next depth, or the next panel's first (rayon
+                // hands each thread a run of consecutive panels).
+                let after = p * PANEL * k + (d + depth) * PANEL;
+                let next = (self.packed)
+                    .get(after..(after + DEPTH * PANEL).min(self.packed.len()))
+                    .unwrap_or_default();
+                for (t, i) in (0..m).step_by(PANEL_ROWS).enumerate() {
                     let rows = PANEL_ROWS.min(m - i);
                     let xr: [*const f32; PANEL_ROWS] =
                         std::array::from_fn(|r| x[(i + r.min(rows - 1)) * k + d..].as_ptr());
@@ -234,6 +299,7 @@ impl PackedLinear {
                         // The first depth block wrote the tile before later
                         // ones read it.
                         accumulate: d > 0,
+                        ahead: share(next, t, tiles),
                     };
                     // SAFETY: `kernel` is one this CPU runs; each x row has
                     // `depth` floats from d, and the block `depth × PANEL`.
@@ -279,6 +345,8 @@ struct Tile<'a> {
     stride: usize,
     rows: usize,
     accumulate: bool,
+    /// Part of the next block to prefetch into L2 meanwhile.
+    ahead: &'a [f32],
 }
 
 /// The tile with AVX-512: one strip, 6 rows × 4 registers (24 of the 32).
@@ -299,13 +367,22 @@ unsafe fn tile_avx512(t: &Tile) {
                 }
             }
         }
-        for d in 0..t.depth {
-            let b = t.block.add(d * PANEL);
-            let wv: [__m512; REGS] = std::array::from_fn(|c| _mm512_loadu_ps(b.add(c * 16)));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*t.x[r].add(d));
-                for c in 0..REGS {
-                    acc[c] = _mm512_fmadd_ps(xv, wv[c], acc[c]);
+        let ahead =
+            (!t.ahead.is_empty()).then(|| Prefetch::new(t.ahead, t.depth.div_ceil(PREFETCH_RUN)));
+        // Prefetches go between runs of steps: inside the loop of FMAs they
+        // made LLVM spill accumulators.
+        for (run, d0) in (0..t.depth).step_by(PREFETCH_RUN).enumerate() {
+            if let Some(ahead) = &ahead {
+                ahead.step(run);
+            }
+            for d in d0..t.depth.min(d0 + PREFETCH_RUN) {
+                let b = t.block.add(d * PANEL);
+                let wv: [__m512; REGS] = std::array::from_fn(|c| _mm512_loadu_ps(b.add(c * 16)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_ps(*t.x[r].add(d));
+                    for c in 0..REGS {
+                        acc[c] = _mm512_fmadd_ps(xv, wv[c], acc[c]);
+                    }
                 }
             }
         }
@@ -327,6 +404,10 @@ unsafe fn tile_avx512(t: &Tile) {
 unsafe fn tile_avx2(t: &Tile) {
     use std::arch::x86_64::*;
     const STRIP: usize = 16;
+    // The strips share the block's prefetches.
+    let steps = PANEL / STRIP * t.depth.div_ceil(PREFETCH_RUN);
+    let ahead = (!t.ahead.is_empty()).then(|| Prefetch::new(t.ahead, steps));
+    let mut run = 0;
     unsafe {
         for s in 0..PANEL / STRIP {
             let (strip, c0) = (t.block.add(s * t.depth * STRIP), s * STRIP);
@@ -338,13 +419,20 @@ unsafe fn tile_avx2(t: &Tile) {
                     }
                 }
             }
-            for d in 0..t.depth {
-                let b = strip.add(d * STRIP);
-                let (w0, w1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_broadcast_ss(&*t.x[r].add(d));
-                    acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
-                    acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
+            // As in `tile_avx512`.
+            for d0 in (0..t.depth).step_by(PREFETCH_RUN) {
+                if let Some(ahead) = &ahead {
+                    ahead.step(run);
+                }
+                run += 1;
+                for d in d0..t.depth.min(d0 + PREFETCH_RUN) {
+                    let b = strip.add(d * STRIP);
+                    let (w0, w1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_broadcast_ss(&*t.x[r].add(d));
+                        acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
+                    }
                 }
             }
             for (r, acc) in acc.iter().enumerate().take(t.rows) {
@@ -410,6 +498,21 @@ mod tests {
             eprintln!("packed matmul: this CPU has no tile for it; the encoder uses candle's");
         }
         kernels
+    }
+
+    #[test]
+    fn tiles_after_the_first_share_the_next_panel() {
+        let next: Vec<i8> = (0..100).map(|v| v as i8).collect();
+        for tiles in 1..8 {
+            assert!(share(&next, 0, tiles).is_empty(), "{tiles} tiles");
+            let parts: Vec<i8> = (1..tiles)
+                .flat_map(|t| share(&next, t, tiles).to_vec())
+                .collect();
+            let want = if tiles > 1 { next.clone() } else { vec![] };
+            assert_eq!(parts, want, "{tiles} tiles");
+            assert!(share(&next, PREFETCHING_TILES + 1, tiles).is_empty());
+        }
+        assert!(share(&[] as &[i8], 1, 3).is_empty());
     }
 
     #[test]

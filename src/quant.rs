@@ -26,7 +26,9 @@
 
 use rayon::prelude::*;
 
-use crate::matmul::Dst;
+#[cfg(target_arch = "x86_64")]
+use crate::matmul::Prefetch;
+use crate::matmul::{Dst, share};
 
 /// Output columns per panel: four registers of 16 i32 lanes.
 const PANEL: usize = 64;
@@ -158,55 +160,6 @@ impl QLinear {
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
         crate::matmul::without_padding(out, np, n)
-    }
-}
-
-/// The part of the `next` panel that row tile `t` of `tiles` prefetches.
-/// The first tile reads its own panel from memory; the others find it in
-/// L2 and would leave memory idle, so the next two fetch the next panel
-/// between them. A short input (a 16-token query: 3 tiles) then streams
-/// the weights while it computes instead of after. With many tiles the
-/// first one's wait hardly counts, and the rest prefetch nothing.
-fn share<T>(next: &[T], t: usize, tiles: usize) -> &[T] {
-    let parts = (tiles - 1).min(PREFETCHING_TILES);
-    if t == 0 || t > parts || next.is_empty() {
-        return &[];
-    }
-    let part = t - 1;
-    &next[next.len() * part / parts..next.len() * (part + 1) / parts]
-}
-
-/// Row tiles after the first that prefetch the next panel.
-const PREFETCHING_TILES: usize = 2;
-
-/// Prefetches of a range into L2, spread evenly over a loop's steps.
-#[cfg(target_arch = "x86_64")]
-struct Prefetch {
-    start: *const i8,
-    lines: usize,
-    per_step: usize,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Prefetch {
-    fn new<T>(range: &[T], steps: usize) -> Self {
-        let lines = std::mem::size_of_val(range).div_ceil(64);
-        Self {
-            start: range.as_ptr() as *const i8,
-            lines,
-            per_step: lines.div_ceil(steps.max(1)),
-        }
-    }
-
-    /// The prefetches of loop step `step`.
-    #[inline(always)]
-    fn step(&self, step: usize) {
-        use std::arch::x86_64::*;
-        let end = ((step + 1) * self.per_step).min(self.lines);
-        for line in step * self.per_step..end {
-            // A prefetch never faults, and the line is inside the range.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.start.wrapping_add(line * 64)) };
-        }
     }
 }
 
@@ -735,21 +688,6 @@ pub(crate) mod tests {
             }
         }
         out
-    }
-
-    #[test]
-    fn tiles_after_the_first_share_the_next_panel() {
-        let next: Vec<i8> = (0..100).map(|v| v as i8).collect();
-        for tiles in 1..8 {
-            assert!(share(&next, 0, tiles).is_empty(), "{tiles} tiles");
-            let parts: Vec<i8> = (1..tiles)
-                .flat_map(|t| share(&next, t, tiles).to_vec())
-                .collect();
-            let want = if tiles > 1 { next.clone() } else { vec![] };
-            assert_eq!(parts, want, "{tiles} tiles");
-            assert!(share(&next, PREFETCHING_TILES + 1, tiles).is_empty());
-        }
-        assert!(share(&[] as &[i8], 1, 3).is_empty());
     }
 
     #[test]
