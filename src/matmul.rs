@@ -74,7 +74,7 @@ const DEPTH: usize = 512;
 
 /// The part of the `next` block of weights that row tile `t` of `tiles`
 /// prefetches (`PackedLinear`'s and `crate::quant`'s tiles).
-/// The first tile reads its own panel from memory; the others find it in
+/// The first tile reads its own block from memory; the others find it in
 /// L2 and would leave memory idle, so the next two fetch the next block
 /// between them. A short input (a 16-token query: 3 tiles) then streams
 /// the weights while it computes instead of after. With many tiles the
@@ -88,7 +88,7 @@ pub(crate) fn share<T>(next: &[T], t: usize, tiles: usize) -> &[T] {
     &next[next.len() * part / parts..next.len() * (part + 1) / parts]
 }
 
-/// Row tiles after the first that prefetch the next panel.
+/// Row tiles after the first that prefetch the next block.
 pub(crate) const PREFETCHING_TILES: usize = 2;
 
 /// Prefetches of a range into L2, spread evenly over a loop's steps.

@@ -337,7 +337,7 @@ impl QuantRows {
     }
 }
 
-/// The AVX-512 versions of `QuantRows`' loops: the same floats in the same
+/// The AVX-512 versions of the portable `RowLoops`: the same floats in the same
 /// order, so the same bytes.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -384,7 +384,7 @@ mod avx512 {
     }
 }
 
-/// The AVX2 versions of `QuantRows`' loops, as `avx512`'s.
+/// The AVX2 versions of the portable `RowLoops`, as `avx512`'s.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
