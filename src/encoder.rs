@@ -13,7 +13,7 @@ use candle_nn::{LayerNorm, Linear, Module};
 use crate::attention::Scores;
 use crate::matmul::{PackedLinear, packed_available};
 use crate::model::config::{Activation, EncoderConfig};
-use crate::model::weights::Weights;
+use crate::model::weights::{MappedF32, Weights};
 use crate::quant::QLinear;
 
 /// Upper bound on one attention score block (heads × query rows × keys), in
@@ -220,9 +220,48 @@ struct Layer {
     out_norm: LayerNorm,
 }
 
+/// The word-embedding table. BGE-M3's is 1 GB (250,002 tokens × 1024), of
+/// which an input reads a few rows, so it stays in the weights file's map
+/// where it can: the pages read are the page cache's, shared and
+/// reclaimable, rather than a copy in the process's own memory that it
+/// first has to fault in and fill (a third of BGE-M3's start-up).
+enum WordEmbeddings {
+    Mapped { table: MappedF32, hidden: usize },
+    Tensor(Tensor),
+}
+
+const WORD_EMBEDDINGS: &str = "embeddings.word_embeddings.weight";
+
+impl WordEmbeddings {
+    fn load(weights: &Weights, vocab: usize, hidden: usize, dev: &Device) -> Result<Self> {
+        let shape = [vocab, hidden];
+        Ok(match weights.mapped_f32(WORD_EMBEDDINGS, &shape)? {
+            Some(table) => Self::Mapped { table, hidden },
+            None => Self::Tensor(weights.get(WORD_EMBEDDINGS, &shape, dev)?),
+        })
+    }
+
+    /// The rows of `ids` (inside the vocabulary), `[ids.len(), hidden]` on
+    /// `dev`.
+    fn rows(&self, ids: Vec<u32>, dev: &Device) -> Result<Tensor> {
+        let n = ids.len();
+        Ok(match self {
+            Self::Mapped { table, hidden } => {
+                let table = table.data();
+                let mut rows = Vec::with_capacity(n * hidden);
+                for id in ids {
+                    rows.extend_from_slice(&table[id as usize * hidden..][..*hidden]);
+                }
+                Tensor::from_vec(rows, (n, *hidden), dev)?
+            }
+            Self::Tensor(table) => table.index_select(&Tensor::from_vec(ids, n, dev)?, 0)?,
+        })
+    }
+}
+
 pub struct Encoder {
     config: EncoderConfig,
-    word_embeddings: Tensor,
+    word_embeddings: WordEmbeddings,
     position_embeddings: Tensor,
     /// Row 0 of the token-type table: every input is a single segment.
     token_type_row: Tensor,
@@ -276,11 +315,10 @@ impl Encoder {
                 "--dtype q8: this CPU has neither AVX-512 VNNI nor AVX2, so int8 runs a portable                  loop, much slower than f32"
             );
         }
-        weights.detect_prefix("embeddings.word_embeddings.weight")?;
+        weights.detect_prefix(WORD_EMBEDDINGS)?;
         let c = config;
         let (h, dev) = (c.hidden_size, device);
-        let word_embeddings =
-            weights.get("embeddings.word_embeddings.weight", &[c.vocab_size, h], dev)?;
+        let word_embeddings = WordEmbeddings::load(weights, c.vocab_size, h, dev)?;
         let position_embeddings = weights.get(
             "embeddings.position_embeddings.weight",
             &[c.max_position_embeddings, h],
@@ -364,11 +402,9 @@ impl Encoder {
             ids.extend_from_slice(input);
             positions.extend((0..input.len()).map(|i| (i + c.position_offset()) as u32));
         }
-        let ids = Tensor::from_vec(ids, total, &self.device)?;
         let positions = Tensor::from_vec(positions, total, &self.device)?;
-        let embedded = self
-            .word_embeddings
-            .index_select(&ids, 0)?
+        let embedded = (self.word_embeddings)
+            .rows(ids, &self.device)?
             .add(&self.position_embeddings.index_select(&positions, 0)?)?
             .broadcast_add(&self.token_type_row)?;
         let mut hidden = self.embed_norm.forward(&embedded)?;
@@ -532,4 +568,34 @@ pub fn l2_normalize(x: &Tensor) -> Result<Tensor> {
         .sqrt()?
         .clamp(1e-12f32, f32::MAX)?;
     Ok(x.broadcast_div(&norm)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_embeddings_read_in_the_map_are_the_tensor_rows() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("models/tiny-bge-m3/model.safetensors");
+        let mut weights = Weights::open(&path).unwrap();
+        weights.detect_prefix(WORD_EMBEDDINGS).unwrap();
+        let [vocab, hidden] = weights.shape(WORD_EMBEDDINGS).unwrap()[..] else {
+            panic!("not a table")
+        };
+        let cpu = Device::Cpu;
+        let mapped = WordEmbeddings::load(&weights, vocab, hidden, &cpu).unwrap();
+        assert!(matches!(mapped, WordEmbeddings::Mapped { .. }));
+        let table = weights
+            .get(WORD_EMBEDDINGS, &[vocab, hidden], &cpu)
+            .unwrap();
+        let copied = WordEmbeddings::Tensor(table);
+        let ids = vec![0, 5, vocab as u32 - 1, 5];
+        let rows = |e: &WordEmbeddings| e.rows(ids.clone(), &cpu).unwrap();
+        assert_eq!(rows(&mapped).dims(), [4, hidden]);
+        assert_eq!(
+            rows(&mapped).to_vec2::<f32>().unwrap(),
+            rows(&copied).to_vec2::<f32>().unwrap()
+        );
+    }
 }

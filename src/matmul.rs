@@ -17,7 +17,7 @@
 //! each weight load feeds 6 FMAs, each broadcast input 4), or 6 rows × 16
 //! columns with AVX2 (12 accumulators), four strips per panel. On 2 Zen 4
 //! cores (`cargo run --release --example matmul_probe -- M K N`): AVX-512
-//! about 200 GFLOP/s at 1024-2048 rows and 120 at 16; AVX2 165 at 1024
+//! 200-215 GFLOP/s at 1024-2048 rows and 120 at 16; AVX2 150-215 at 1024
 //! rows, level with the old row kernel at 16; candle's `gemm` 110-190
 //! across runs. Attention uses it too (`attention`).
 //!

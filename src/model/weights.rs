@@ -3,11 +3,13 @@
 //!
 //! Tensors are copied out of the map into f32 tensors, and each copied range
 //! of the map is released at once, so loading peaks near one copy of the
-//! weights rather than two.
+//! weights rather than two. A table read a few rows at a time (the word
+//! embeddings) can instead stay in the map (`Weights::mapped_f32`).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
@@ -16,7 +18,7 @@ use safetensors::SafeTensors;
 
 enum Source {
     Safetensors {
-        map: Mmap,
+        map: Arc<Mmap>,
         tensors: HashMap<String, SafeInfo>,
     },
     Pth(candle_core::pickle::PthTensors),
@@ -124,25 +126,37 @@ impl Weights {
         shape: &[usize],
         f: impl FnOnce(&[f32]) -> T,
     ) -> Result<T> {
-        if let Source::Safetensors { map, tensors } = &self.source {
-            let full = format!("{}{name}", self.prefix);
-            let info = tensors
-                .get(&full)
-                .with_context(|| format!("{}: missing tensor `{full}`", self.path.display()))?;
-            check_shape(&self.path, &full, &info.shape, shape)?;
-            let (start, end) = info.range;
-            if info.dtype == DType::F32 && cfg!(target_endian = "little") {
-                // SAFETY: any 4 bytes are a valid f32.
-                let (head, data, tail) = unsafe { map[start..end].align_to::<f32>() };
-                if head.is_empty() && tail.is_empty() {
-                    let out = f(data);
-                    release(map, start, end);
-                    return Ok(out);
-                }
-            }
+        if let Some(mapped) = self.mapped_f32(name, shape)? {
+            let out = f(mapped.data());
+            release(&mapped.map, mapped.start, mapped.end);
+            return Ok(out);
         }
         let t = self.get(name, shape, &Device::Cpu)?.flatten_all()?;
         Ok(f(&t.to_vec1::<f32>()?))
+    }
+
+    /// The tensor `name`, checked to have `shape`, left in the map, where
+    /// the file holds it as aligned little-endian f32; else `None` (a
+    /// PyTorch checkpoint, another dtype: use `get`). The map stays open as
+    /// long as the result lives.
+    pub fn mapped_f32(&self, name: &str, shape: &[usize]) -> Result<Option<MappedF32>> {
+        let Source::Safetensors { map, tensors } = &self.source else {
+            return Ok(None);
+        };
+        let full = format!("{}{name}", self.prefix);
+        let info = tensors
+            .get(&full)
+            .with_context(|| format!("{}: missing tensor `{full}`", self.path.display()))?;
+        check_shape(&self.path, &full, &info.shape, shape)?;
+        let (start, end) = info.range;
+        let mapped = MappedF32 {
+            map: Arc::clone(map),
+            start,
+            end,
+        };
+        let aligned = (map.as_ptr() as usize + start).is_multiple_of(std::mem::align_of::<f32>());
+        let usable = info.dtype == DType::F32 && cfg!(target_endian = "little") && aligned;
+        Ok(usable.then_some(mapped))
     }
 
     /// The shape of `name`, if the file has it.
@@ -200,7 +214,28 @@ fn open_safetensors(path: &Path) -> Result<Source> {
             },
         );
     }
-    Ok(Source::Safetensors { map, tensors })
+    Ok(Source::Safetensors {
+        map: Arc::new(map),
+        tensors,
+    })
+}
+
+/// An f32 tensor's data inside a weights file's map (`Weights::mapped_f32`).
+pub struct MappedF32 {
+    map: Arc<Mmap>,
+    start: usize,
+    end: usize,
+}
+
+impl MappedF32 {
+    /// The tensor's floats, row-major.
+    pub fn data(&self) -> &[f32] {
+        // SAFETY: any 4 bytes are a valid f32; `mapped_f32` checked that
+        // the range is aligned, and its length is whole f32s (safetensors
+        // checks each tensor's byte length against its shape and dtype).
+        let (_, data, _) = unsafe { self.map[self.start..self.end].align_to::<f32>() };
+        data
+    }
 }
 
 /// Tells the kernel that the copied pages of the map are no longer needed,
@@ -253,4 +288,45 @@ pub fn convert_pth_to_safetensors(
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, dst).with_context(|| format!("cannot move into {}", dst.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of one `[2, 3]` tensor of `dtype` holding 0..6.
+    fn one_tensor(dir: &Path, dtype: safetensors::Dtype) -> PathBuf {
+        let data: Vec<u8> = match dtype {
+            safetensors::Dtype::F32 => (0..6).flat_map(|v| (v as f32).to_le_bytes()).collect(),
+            _ => (0..6)
+                .flat_map(|v| half::f16::from_f32(v as f32).to_le_bytes())
+                .collect(),
+        };
+        let view = safetensors::tensor::TensorView::new(dtype, vec![2, 3], &data).unwrap();
+        let path = dir.join(format!("{dtype:?}.safetensors"));
+        safetensors::serialize_to_file([("t", view)], None, &path).unwrap();
+        path
+    }
+
+    #[test]
+    fn f32_stays_in_the_map_and_other_dtypes_are_converted() {
+        let dir = tempfile::tempdir().unwrap();
+        let want: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let f32s = Weights::open(&one_tensor(dir.path(), safetensors::Dtype::F32)).unwrap();
+        let mapped = f32s
+            .mapped_f32("t", &[2, 3])
+            .unwrap()
+            .expect("f32 is mapped");
+        assert_eq!(mapped.data(), want);
+        assert!(
+            f32s.mapped_f32("t", &[3, 2]).is_err(),
+            "a wrong shape is an error"
+        );
+        let f16s = Weights::open(&one_tensor(dir.path(), safetensors::Dtype::F16)).unwrap();
+        assert!(f16s.mapped_f32("t", &[2, 3]).unwrap().is_none());
+        let t = f16s.get("t", &[2, 3], &Device::Cpu).unwrap();
+        assert_eq!(t.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
+        drop(f32s);
+        assert_eq!(mapped.data(), want, "the map outlives its `Weights`");
+    }
 }
