@@ -221,6 +221,10 @@ fn open_safetensors(path: &Path) -> Result<Source> {
 }
 
 /// An f32 tensor's data inside a weights file's map (`Weights::mapped_f32`).
+/// The map lives as long as this does, the process's life for the word
+/// embeddings: recall replaces model files only by renaming a new file into
+/// place (conversion, import), so a running process keeps reading the file
+/// it opened.
 pub struct MappedF32 {
     map: Arc<Mmap>,
     start: usize,
