@@ -149,14 +149,13 @@ impl Weights {
             .with_context(|| format!("{}: missing tensor `{full}`", self.path.display()))?;
         check_shape(&self.path, &full, &info.shape, shape)?;
         let (start, end) = info.range;
-        let mapped = MappedF32 {
+        let aligned = (map.as_ptr() as usize + start).is_multiple_of(std::mem::align_of::<f32>());
+        let usable = info.dtype == DType::F32 && cfg!(target_endian = "little") && aligned;
+        Ok(usable.then(|| MappedF32 {
             map: Arc::clone(map),
             start,
             end,
-        };
-        let aligned = (map.as_ptr() as usize + start).is_multiple_of(std::mem::align_of::<f32>());
-        let usable = info.dtype == DType::F32 && cfg!(target_endian = "little") && aligned;
-        Ok(usable.then_some(mapped))
+        }))
     }
 
     /// The shape of `name`, if the file has it.
