@@ -189,108 +189,120 @@ pub fn index_with(
     let profiles = hermes.profiles()?;
     let selection = hermes.selection()?;
     let index_path = hermes.index_path()?;
-    let mut store = Store::open(&index_path)?;
-    let remembered = if rebuild { None } else { store.model_dir()? };
-    let chain = providers.chain(model, remembered)?;
-    let options = IndexOptions {
-        selection,
-        chunk: chunk.params_for(&chain, store.identity()?.as_ref().filter(|_| !rebuild)),
-        rebuild,
-    };
-    let bar = if !json && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
-            )
-            .unwrap()
-            .progress_chars("=> "),
-        );
-        Some(bar)
-    } else {
-        None
-    };
-    let started = std::time::Instant::now();
-    let bar_ref = Mutex::new(bar.clone());
-    let progress = move |done: usize, total: usize, chunks: usize, tokens: usize| {
-        if let Some(bar) = bar_ref.lock().unwrap().as_ref() {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-            let rate = tokens as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!("{chunks} chunks, {rate:.0} tokens/s"));
-        }
-    };
-    let report = index::run(&chain, &mut store, &profiles, &options, &progress)?;
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    if json {
-        let mut value = serde_json::to_value(&report)?;
-        value["index"] = json!(index_path);
-        println!("{value}");
-    } else {
-        println!(
-            "indexed {} into {}: {} messages ({} embedded, {} unchanged, {} removed), {} chunks ({} from cache), \
-             {} tokens in {:.1}s ({:.0} tokens/s)",
-            report.profiles.join(", "),
+    index::check_sources(&index_path, &profiles)?;
+    if rebuild && let Some((aside, why)) = Store::set_aside_if_damaged(&index_path)? {
+        eprintln!(
+            "warning: the index {} was damaged ({why}); moved it to {} and building a new one",
             index_path.display(),
-            report.messages,
-            report.embedded_messages,
-            report.unchanged_messages,
-            report.deleted_messages,
-            report.chunks,
-            report.cached_chunks,
-            report.tokens,
-            report.seconds,
-            report.tokens_per_second
+            aside.display()
         );
     }
-    if report.embedded_by.len() > 1 || report.embedded_by.keys().any(|p| p != "local") {
-        eprintln!(
-            "embedded by: {}",
-            report
-                .embedded_by
-                .iter()
-                .map(|(p, n)| format!("{p} {n} chunks"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    if report.truncated_chunks > 0 {
-        eprintln!(
-            "warning: {} chunks were longer than the model's limit and were truncated",
-            report.truncated_chunks
-        );
-    }
-    if report.malformed_lines > 0 {
-        eprintln!(
-            "warning: {} malformed lines in Hermes session files were skipped",
-            report.malformed_lines
-        );
-    }
-    if report.rejected_messages > 0 {
-        eprintln!(
-            "warning: the provider refused {} messages (their reasons are above); they were left out \
-             and are tried again on the next run",
-            report.rejected_messages
-        );
-    }
-    if let Some(why) = report.paused {
-        let waiting = if report.messages == 0 {
-            "nothing was indexed yet; it waits".to_string()
-        } else {
-            format!(
-                "what was embedded is kept; {} messages wait",
-                report.pending_messages
-            )
+    // Damage found on the way is named with the way out.
+    let run = || -> Result<()> {
+        let mut store = Store::open(&index_path)?;
+        let remembered = if rebuild { None } else { store.model_dir()? };
+        let chain = providers.chain(model, remembered)?;
+        let options = IndexOptions {
+            selection,
+            chunk: chunk.params_for(&chain, store.identity()?.as_ref().filter(|_| !rebuild)),
+            rebuild,
         };
-        return Err(Paused(format!(
-            "indexing paused: {why}\n{waiting} for the next `recall index` \
-             (`recall watch` retries by itself). `recall providers` shows each provider's state."
-        ))
-        .into());
-    }
-    Ok(())
+        let bar = if !json && std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
+                )
+                .unwrap()
+                .progress_chars("=> "),
+            );
+            Some(bar)
+        } else {
+            None
+        };
+        let started = std::time::Instant::now();
+        let bar_ref = Mutex::new(bar.clone());
+        let progress = move |done: usize, total: usize, chunks: usize, tokens: usize| {
+            if let Some(bar) = bar_ref.lock().unwrap().as_ref() {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+                let rate = tokens as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                bar.set_message(format!("{chunks} chunks, {rate:.0} tokens/s"));
+            }
+        };
+        let report = index::run(&chain, &mut store, &profiles, &options, &progress)?;
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        if json {
+            let mut value = serde_json::to_value(&report)?;
+            value["index"] = json!(index_path);
+            println!("{value}");
+        } else {
+            println!(
+                "indexed {} into {}: {} messages ({} embedded, {} unchanged, {} removed), {} chunks ({} from cache), \
+                 {} tokens in {:.1}s ({:.0} tokens/s)",
+                report.profiles.join(", "),
+                index_path.display(),
+                report.messages,
+                report.embedded_messages,
+                report.unchanged_messages,
+                report.deleted_messages,
+                report.chunks,
+                report.cached_chunks,
+                report.tokens,
+                report.seconds,
+                report.tokens_per_second
+            );
+        }
+        if report.embedded_by.len() > 1 || report.embedded_by.keys().any(|p| p != "local") {
+            eprintln!(
+                "embedded by: {}",
+                report
+                    .embedded_by
+                    .iter()
+                    .map(|(p, n)| format!("{p} {n} chunks"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if report.truncated_chunks > 0 {
+            eprintln!(
+                "warning: {} chunks were longer than the model's limit and were truncated",
+                report.truncated_chunks
+            );
+        }
+        if report.malformed_lines > 0 {
+            eprintln!(
+                "warning: {} malformed lines in Hermes session files were skipped",
+                report.malformed_lines
+            );
+        }
+        if report.rejected_messages > 0 {
+            eprintln!(
+                "warning: the provider refused {} messages (their reasons are above); they were left out \
+                 and are tried again on the next run",
+                report.rejected_messages
+            );
+        }
+        if let Some(why) = report.paused {
+            let waiting = if report.messages == 0 {
+                "nothing was indexed yet; it waits".to_string()
+            } else {
+                format!(
+                    "what was embedded is kept; {} messages wait",
+                    report.pending_messages
+                )
+            };
+            return Err(Paused(format!(
+                "indexing paused: {why}\n{waiting} for the next `recall index` \
+                 (`recall watch` retries by itself). `recall providers` shows each provider's state."
+            ))
+            .into());
+        }
+        Ok(())
+    };
+    run().map_err(|e| Store::explain_damage(&index_path, e))
 }
 
 #[derive(Args)]
@@ -304,7 +316,11 @@ pub struct StatsArgs {
 
 pub fn run_stats(args: StatsArgs) -> Result<()> {
     let path = args.hermes.index_path()?;
-    let store = Store::open_existing(&path)?;
+    stats_of(&path, &args).map_err(|e| Store::explain_damage(&path, e))
+}
+
+fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
+    let store = Store::open_existing(path)?;
     let identity = store.identity()?;
     let size: u64 = ["", "-wal"]
         .iter()

@@ -76,7 +76,11 @@ enum VectorScan {
 
 pub fn run_search(args: SearchArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
-    let store = Store::open_existing(&index_path)?;
+    search_in(&index_path, args).map_err(|e| Store::explain_damage(&index_path, e))
+}
+
+fn search_in(index_path: &std::path::Path, args: SearchArgs) -> Result<()> {
+    let store = Store::open_existing(index_path)?;
     // Someone is waiting: no 2.3 GB download, short timeouts and one retry.
     let chain = args
         .providers

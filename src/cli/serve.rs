@@ -92,12 +92,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     "--watch: cannot find Hermes: set HERMES_HOME or pass --hermes-home"
                 )
             })?;
+        let profiles =
+            recall::source::hermes::profiles(&home, args.profile.as_deref(), args.all_profiles)?;
+        if let Some(index) = &index {
+            recall::index::check_sources(index, &profiles)?;
+        }
         Some(WatchJob {
-            profiles: recall::source::hermes::profiles(
-                &home,
-                args.profile.as_deref(),
-                args.all_profiles,
-            )?,
+            profiles,
             options: IndexOptions {
                 selection: recall::source::hermes::Selection::default(),
                 chunk: args.chunk.params(Some(embedder.info().max_length)),

@@ -39,6 +39,7 @@ pub struct WatchArgs {
 pub fn run(args: WatchArgs) -> Result<()> {
     let profiles = args.hermes.profiles_even_missing()?;
     let index_path = args.hermes.index_path()?;
+    recall::index::check_sources(&index_path, &profiles)?;
     let store = Store::open(&index_path)?;
     let chain = args.providers.chain(&args.model, store.model_dir()?)?;
     let options = IndexOptions {

@@ -6,6 +6,7 @@
 //! a writer thread commits one group while the model embeds the next.
 
 pub mod chunk;
+pub mod guard;
 pub mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -804,6 +805,37 @@ impl Stage<'_> {
 /// The default index location: `$HERMES_HOME/recall/index.db`.
 pub fn default_index_path(hermes_home: &Path) -> std::path::PathBuf {
     hermes_home.join("recall").join("index.db")
+}
+
+/// Checked before an index is created or written: `index` is none of the
+/// profiles' Hermes databases, and each of those that exists opens (so
+/// that a failed first run leaves no empty index behind).
+pub fn check_sources(index: &Path, profiles: &[Profile]) -> Result<()> {
+    for profile in profiles {
+        let state_db = profile.state_db();
+        if same_file(index, &state_db) {
+            bail!(
+                "the index {} is Hermes's own database (profile {:?}): recall only ever reads it. \
+                 Leave out --index to use the default ({}), or name a new file.",
+                index.display(),
+                profile.name,
+                default_index_path(&profile.home).display()
+            );
+        }
+        if state_db.exists() {
+            StateDb::open(&state_db)
+                .with_context(|| format!("cannot read Hermes profile {:?}", profile.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether two paths name one file (either may not exist yet).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 /// Messages in Hermes that the index does not hold as they are now.

@@ -18,6 +18,7 @@ use anyhow::{Context, Result, bail};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use super::guard;
 use crate::source::hermes::Session;
 
 /// Bumped when the layout below changes incompatibly.
@@ -269,9 +270,12 @@ END;
 ";
 
 impl Store {
-    /// Opens (creating if needed) the index at `path`.
+    /// Opens (creating if needed) the index at `path`. Refuses, before
+    /// writing anything, a path that holds anything but recall's index or
+    /// nothing (see `guard`).
     pub fn open(path: &Path) -> Result<Self> {
         register_sqlite_vec();
+        guard::inspect(path)?.writable(path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -283,6 +287,31 @@ impl Store {
         // busy timeout waits for it; a deferred one that reads first gets
         // SQLITE_BUSY at once when another writer got there in between.
         conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
+        // The file may have changed since it was inspected: look again under
+        // the write lock, then mark and set up a new index in the same
+        // transaction, so that no other process ever sees it half made. A
+        // new file is still in rollback mode here, so the mark reaches the
+        // file's header at once.
+        {
+            let tx = conn
+                .transaction()
+                .with_context(|| format!("cannot open the index {}", path.display()))?;
+            let found = guard::classify(&tx)
+                .with_context(|| format!("cannot read {}", path.display()))?
+                .writable(path)?;
+            if found != (guard::Found::Index { marked: true }) {
+                tx.pragma_update(None, "application_id", guard::APPLICATION_ID)?;
+            }
+            tx.execute_batch(SCHEMA)
+                .with_context(|| format!("{}: cannot set up the index", path.display()))?;
+            if found == guard::Found::Empty {
+                tx.execute(
+                    "INSERT INTO meta (key, value) VALUES ('index_id', ?), ('layout', ?)",
+                    params![new_index_id(), LAYOUT_VERSION.to_string()],
+                )?;
+            }
+            tx.commit()?;
+        }
         // Turning a new file to WAL takes an exclusive lock and does not wait
         // on the busy timeout: another process opening the new index at the
         // same moment is waited for here.
@@ -295,25 +324,93 @@ impl Store {
             std::thread::sleep(Duration::from_millis(20));
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA)
-            .with_context(|| format!("{}: cannot set up the index", path.display()))?;
         let store = Self {
             conn,
             path: path.to_path_buf(),
         };
-        if store.meta("index_id")?.is_none() {
-            store.set_meta("index_id", &new_index_id())?;
-        }
         match store.meta("layout")? {
-            None => store.set_meta("layout", &LAYOUT_VERSION.to_string())?,
             Some(v) if v == LAYOUT_VERSION.to_string() => {}
             Some(v) if v == "1" => store.add_codes()?,
             Some(v) => bail!(
                 "{} has index layout {v}, this recall writes {LAYOUT_VERSION}: run `recall index --rebuild`",
                 path.display()
             ),
+            None => bail!(
+                "{} has no layout record: not a recall index",
+                path.display()
+            ),
         }
         Ok(store)
+    }
+
+    /// For `recall index --rebuild`: when the index at `path` is damaged
+    /// (SQLite cannot read it, or its quick check fails), moves it and its
+    /// WAL aside to `<path>.damaged-<unix time>` so that a new one can be
+    /// built; returns where it went and what was wrong. Anything that is not
+    /// recall's index is left alone (`open` refuses it).
+    pub fn set_aside_if_damaged(path: &Path) -> Result<Option<(PathBuf, String)>> {
+        let why = match guard::inspect(path)? {
+            guard::Found::Damaged(why) => why,
+            guard::Found::Index { .. } => match guard::intact(path)? {
+                Ok(()) => return Ok(None),
+                Err(why) => why,
+            },
+            _ => return Ok(None),
+        };
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let aside = (0..)
+            .map(|n| {
+                let mut aside = path.as_os_str().to_os_string();
+                aside.push(format!(".damaged-{stamp}"));
+                if n > 0 {
+                    aside.push(format!(".{n}"));
+                }
+                PathBuf::from(aside)
+            })
+            .find(|p| !p.exists() && !guard::companions(p)[0].exists())
+            .expect("an unused name");
+        let [wal, shm, codes] = guard::companions(path);
+        std::fs::rename(path, &aside)
+            .with_context(|| format!("cannot move the damaged index {} aside", path.display()))?;
+        // A WAL left beside a new database would be replayed into it.
+        if wal.exists() {
+            let [wal_aside, _, _] = guard::companions(&aside);
+            std::fs::rename(&wal, &wal_aside)
+                .with_context(|| format!("cannot move {} aside", wal.display()))?;
+        }
+        for derived in [shm, codes] {
+            match std::fs::remove_file(&derived) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("cannot remove {}", derived.display()));
+                }
+                _ => {}
+            }
+        }
+        Ok(Some((aside, why)))
+    }
+
+    /// `err`, explained when it comes from damage to the index at `path`:
+    /// the message then names the index and the way out.
+    pub fn explain_damage(path: &Path, err: anyhow::Error) -> anyhow::Error {
+        if !guard::is_damage(&err) {
+            return err;
+        }
+        let damaged = match guard::inspect(path) {
+            Ok(guard::Found::Damaged(_)) => true,
+            Ok(guard::Found::Index { .. }) => matches!(guard::intact(path), Ok(Err(_))),
+            _ => false,
+        };
+        if damaged {
+            err.context(format!(
+                "the index {} is damaged; `recall index --rebuild` moves it aside and builds a new one",
+                path.display()
+            ))
+        } else {
+            err
+        }
     }
 
     /// Opens an existing index for reading; a missing file is an error, not a new index.

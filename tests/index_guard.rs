@@ -1,0 +1,308 @@
+//! recall writes only to a file that is new, empty, or its own index:
+//! `--index` pointing at Hermes's `state.db` (written by the real Hermes) or
+//! at any other file leaves it byte-identical; a damaged index is named and
+//! `--rebuild` recovers from it; a failed first run leaves no index behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use recall::index::guard::{self, Found};
+use recall::index::store::Store;
+use rusqlite::Connection;
+
+fn sha256(path: &Path) -> String {
+    recall::model::manifest::sha256_file(path).unwrap()
+}
+
+/// The hashes of `path` and of its WAL, if it has one.
+fn hashes(path: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = vec![(path.to_path_buf(), sha256(path))];
+    let [wal, _, _] = guard::companions(path);
+    if wal.exists() {
+        out.push((wal.clone(), sha256(&wal)));
+    }
+    out
+}
+
+fn assert_unchanged(before: &[(PathBuf, String)]) {
+    for (path, hash) in before {
+        assert_eq!(&sha256(path), hash, "{} changed", path.display());
+    }
+}
+
+fn index_cli(home: &Path, extra: &[&str]) -> (bool, String, String) {
+    let model = tiny_model_dir();
+    let mut args = vec![
+        "index",
+        "--json",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    recall_cli(&args)
+}
+
+fn application_id(path: &Path) -> i32 {
+    Connection::open(path)
+        .unwrap()
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn hermes_state_db_is_never_written_as_an_index() {
+    for mode in ["wal", "delete"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("hermes");
+        hermes_db(&["create", home.to_str().unwrap(), "--mode", mode]);
+        let state_db = home.join("state.db");
+        let before = hashes(&state_db);
+        // The slip itself, the same file by another name, and a copy of it
+        // elsewhere (which only the file's content can tell).
+        let copy = tmp.path().join("copy-of-state.db");
+        std::fs::copy(&state_db, &copy).unwrap();
+        let copy_hash = sha256(&copy);
+        let other_name = home.join(".").join("state.db");
+        for target in [&state_db, &other_name, &copy] {
+            let (ok, _, err) = index_cli(&home, &["--index", target.to_str().unwrap()]);
+            assert!(!ok, "{mode}: indexing into {} succeeded", target.display());
+            assert!(err.contains(target.to_str().unwrap()), "{err}");
+            assert!(err.contains("Hermes"), "{err}");
+            assert!(!err.contains("FOREIGN KEY"), "{err}");
+            for rebuild in [true, false] {
+                let extra: &[&str] = if rebuild { &["--rebuild"] } else { &[] };
+                let mut args = vec!["--index", target.to_str().unwrap()];
+                args.extend_from_slice(extra);
+                assert!(!index_cli(&home, &args).0);
+            }
+            // Every command that opens an index refuses it too.
+            for command in [&["search", "disk"][..], &["stats"][..]] {
+                let mut args = command.to_vec();
+                args.extend([
+                    "--hermes-home",
+                    home.to_str().unwrap(),
+                    "--index",
+                    target.to_str().unwrap(),
+                ]);
+                let (ok, _, err) = recall_cli(&args);
+                assert!(!ok, "{command:?} on {}", target.display());
+                assert!(err.contains("not a recall index"), "{command:?}: {err}");
+            }
+        }
+        assert_unchanged(&before);
+        assert_eq!(sha256(&copy), copy_hash);
+        // The library refuses it as well, whoever calls it.
+        let err = Store::open(&state_db).err().unwrap();
+        assert!(
+            format!("{err:#}").contains("Hermes Agent database"),
+            "{err:#}"
+        );
+        assert!(matches!(
+            guard::inspect(&state_db).unwrap(),
+            Found::Foreign(_)
+        ));
+        assert_unchanged(&before);
+        // Hermes goes on writing, and the default index is built as usual.
+        hermes_db(&[
+            "append",
+            home.to_str().unwrap(),
+            "20260301_101500_aa0001",
+            "user",
+            "still writable",
+        ]);
+        let (ok, _, err) = index_cli(&home, &[]);
+        assert!(ok, "{err}");
+        let index = home.join("recall/index.db");
+        assert_eq!(application_id(&index), guard::APPLICATION_ID);
+        let tables: i64 = Connection::open(&state_db)
+            .unwrap()
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('chunks', 'meta', 'embed_cache')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, 0, "recall's tables in Hermes's database");
+    }
+}
+
+#[test]
+fn only_new_empty_or_recall_files_are_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+
+    // Refused, left byte-identical.
+    let text = tmp.path().join("passwd");
+    std::fs::write(&text, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    let app = tmp.path().join("app.db");
+    Connection::open(&app)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes (body) VALUES ('mine');")
+        .unwrap();
+    let other_app = tmp.path().join("other-app.db");
+    Connection::open(&other_app)
+        .unwrap()
+        .execute_batch("PRAGMA application_id = 1234;")
+        .unwrap();
+    let dir = tmp.path().join("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    for (path, what) in [
+        (&text, "not a SQLite database"),
+        (&app, "tables of its own (notes)"),
+        (&other_app, "application_id 0x000004d2"),
+        (&dir, "a directory"),
+    ] {
+        let before = (!path.is_dir()).then(|| sha256(path));
+        for extra in [&[][..], &["--rebuild"][..]] {
+            let mut args = vec!["--index", path.to_str().unwrap()];
+            args.extend_from_slice(extra);
+            let (ok, _, err) = index_cli(&home, &args);
+            assert!(!ok, "{}", path.display());
+            assert!(err.contains(path.to_str().unwrap()), "{err}");
+            assert!(err.contains(what), "{what:?} in {err}");
+        }
+        assert_eq!((!path.is_dir()).then(|| sha256(path)), before);
+        assert!(
+            !guard::companions(path)[0].exists(),
+            "a WAL beside {}",
+            path.display()
+        );
+    }
+
+    // Accepted: a new path, a file of zero bytes, a SQLite database without tables.
+    let empty = tmp.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let bare = tmp.path().join("bare.db");
+    Connection::open(&bare)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 1;")
+        .unwrap();
+    let new = tmp.path().join("sub/dir/new.db");
+    for path in [&empty, &bare, &new] {
+        let (ok, _, err) = index_cli(&home, &["--index", path.to_str().unwrap()]);
+        assert!(ok, "{}: {err}", path.display());
+        assert_eq!(application_id(path), guard::APPLICATION_ID);
+        assert_eq!(guard::inspect(path).unwrap(), Found::Index { marked: true });
+        // And it is used again as recall's own.
+        let (ok, _, err) = index_cli(&home, &["--index", path.to_str().unwrap()]);
+        assert!(ok, "{err}");
+    }
+}
+
+#[test]
+fn an_index_from_before_the_mark_is_recognised_and_marked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    assert!(index_cli(&home, &[]).0);
+    let index = home.join("recall/index.db");
+    Connection::open(&index)
+        .unwrap()
+        .execute_batch("PRAGMA application_id = 0;")
+        .unwrap();
+    assert_eq!(
+        guard::inspect(&index).unwrap(),
+        Found::Index { marked: false }
+    );
+    let (ok, out, err) = index_cli(&home, &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"unchanged_messages\":15"), "{out}");
+    assert_eq!(application_id(&index), guard::APPLICATION_ID);
+}
+
+/// Random bytes over every page of `path` but the first (the header and schema stay readable).
+fn damage(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let page = 4096;
+    assert!(bytes.len() > 2 * page, "index too small to damage");
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    for b in &mut bytes[page..] {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *b = state as u8;
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_damaged_index_is_named_and_rebuild_sets_it_aside() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    assert!(index_cli(&home, &[]).0);
+    let index = home.join("recall/index.db");
+    // Checkpointed and closed: the damage is in the file SQLite reads.
+    Connection::open(&index)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    for whole_file in [false, true] {
+        if whole_file {
+            // Even the header: only recall's mark at offset 68 is left.
+            let mut bytes = std::fs::read(&index).unwrap();
+            for b in &mut bytes[16..64] {
+                *b = 0xff;
+            }
+            std::fs::write(&index, bytes).unwrap();
+        } else {
+            damage(&index);
+        }
+        let damaged = sha256(&index);
+        let (ok, _, err) = index_cli(&home, &[]);
+        assert!(!ok, "indexing into a damaged index succeeded");
+        assert!(err.contains(index.to_str().unwrap()), "{err}");
+        assert!(err.contains("recall index --rebuild"), "{err}");
+        let (ok, out, err) = index_cli(&home, &["--rebuild"]);
+        assert!(ok, "--rebuild did not recover: {err}");
+        assert!(
+            err.contains("damaged") && err.contains("moved it to"),
+            "{err}"
+        );
+        assert!(out.contains("\"embedded_messages\":15"), "{out}");
+        // What was there is kept beside the new index, as it was.
+        let aside: Vec<PathBuf> = std::fs::read_dir(home.join("recall"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.to_string_lossy().contains(".damaged-") && !p.to_string_lossy().ends_with("-wal")
+            })
+            .collect();
+        assert!(
+            aside.iter().any(|p| sha256(p) == damaged),
+            "the damaged index was not kept: {aside:?}"
+        );
+        for p in aside {
+            std::fs::remove_file(p).unwrap();
+        }
+        assert_index_consistent(&home);
+        Connection::open(&index)
+            .unwrap()
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_failed_first_run_leaves_no_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("state.db"),
+        "not a database at all, but long enough to look like a file header\n".repeat(4),
+    )
+    .unwrap();
+    let (ok, _, err) = index_cli(&home, &[]);
+    assert!(!ok);
+    assert!(err.contains("state.db"), "{err}");
+    assert!(
+        !home.join("recall/index.db").exists(),
+        "an empty index was left behind: {err}"
+    );
+}
