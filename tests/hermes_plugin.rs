@@ -74,6 +74,11 @@ fn assert_tool_answers(seen: &Value, via: &str) {
     assert_eq!(first["session_id"], EXPECTED, "{result}");
     assert_eq!(first["link"], format!("@session:default/{EXPECTED}"));
     assert!(first["match_message_id"].is_i64());
+    assert!(first["weak"].is_boolean(), "{first}");
+    for (label, answer) in seen["hostile"].as_object().unwrap() {
+        assert_eq!(answer["success"], true, "{label}: {answer}");
+        assert_eq!(answer["via"], via, "{label}: {answer}");
+    }
     assert_eq!(seen["no_query"]["success"], false);
     assert!(
         seen["no_query"]["error"]

@@ -534,3 +534,82 @@ fn two_indexers_starting_on_a_new_index_both_finish_consistent() {
     }
     assert_complete(&home, &["user", "assistant"]);
 }
+
+#[test]
+fn rows_that_are_not_clean_text_never_stop_indexing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    hermes_db(&["create", home.to_str().unwrap()]);
+    let odd = hermes_db(&["odd-rows", home.to_str().unwrap()]);
+    let ids: Vec<i64> = odd["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    let storage: Vec<String> = {
+        let conn = Connection::open(home.join("state.db")).unwrap();
+        ids[..3]
+            .iter()
+            .map(|id| {
+                conn.query_row(
+                    "SELECT typeof(content) || '/' || typeof(timestamp) FROM messages WHERE id = ?",
+                    [id],
+                    |r| r.get(0),
+                )
+                .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(storage, ["blob/real", "text/real", "text/text"]);
+    let before = sha256(&home.join("state.db"));
+    let (ok, out, err) = recall_cli(&[
+        "index",
+        "--json",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        tiny_model_dir().to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(report["repaired_messages"], 3, "{report}");
+    assert!(err.contains("not UTF-8"), "{err}");
+    assert_eq!(sha256(&home.join("state.db")), before);
+    // Every message is in the index, the odd ones with their bytes replaced.
+    let held = indexed_ids(&home);
+    for id in &ids {
+        assert!(held.contains(id), "message {id} not indexed");
+    }
+    let store = assert_index_consistent(&home);
+    let text: String = store
+        .conn()
+        .query_row(
+            "SELECT text FROM chunks WHERE message_id = ?",
+            [ids[0]],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        text.starts_with("the backup disk é is full") && text.contains('\u{fffd}'),
+        "{text:?}"
+    );
+    // A later run goes on as usual, and `recall show` reads the session.
+    hermes_db(&[
+        "append",
+        home.to_str().unwrap(),
+        "20260601_000000_0dd001",
+        "user",
+        "one more",
+    ]);
+    let report = index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(report["embedded_messages"], 1, "{report}");
+    let (ok, out, err) = recall_cli(&[
+        "show",
+        "20260601_000000_0dd001",
+        "--hermes-home",
+        home.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("rsync") && out.contains("one more"), "{out}");
+}

@@ -501,6 +501,36 @@ fn info_health_tags_and_search() {
     assert!(bad["error"].as_str().unwrap().contains("empty"), "{bad}");
     let (status, bad, _) = post(&server.url("/search"), &json!({"q": "x"}));
     assert_eq!(status, 400, "{bad}");
+    // User text never reaches SQL as syntax: NULs, quotes, FTS5 operators.
+    for hostile in [
+        "disk\u{0}space",
+        "\u{0}",
+        "\" OR 1=1 --",
+        "NEAR(a b) * : ^",
+        "'); DROP TABLE chunks; --",
+    ] {
+        let (status, found, _) = post(&server.url("/search"), &json!({"query": hostile}));
+        assert_eq!(status, 200, "{hostile:?}: {found}");
+        assert_eq!(found["success"], true);
+    }
+    for (field, value) in [
+        ("half_life", json!(0)),
+        ("half_life", json!(-3)),
+        ("mmr", json!(2)),
+    ] {
+        let (status, bad, _) = post(
+            &server.url("/search"),
+            &json!({"query": "disk", field: value}),
+        );
+        assert_eq!(status, 400, "{field}={value}: {bad}");
+        assert!(
+            bad["error"]
+                .as_str()
+                .unwrap()
+                .contains(field.replace('_', "-").as_str()),
+            "{bad}"
+        );
+    }
 
     let (status, health) = get(&server.url("/health"));
     assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));

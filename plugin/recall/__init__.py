@@ -124,14 +124,17 @@ def _search_via_binary(settings, request):
     binary = _binary(settings)
     if binary is None:
         raise RuntimeError("the recall binary was not found (run `recall hermes install` again)")
-    command = [binary, "search", "--json", request["query"], "--limit", str(request["limit"])]
+    command = [binary, "search", "--json", "--limit", str(request["limit"])]
     command += _home_args(settings)
     if settings.get("model"):
         command += ["--model", settings["model"]]
     for field, flag in (("role_filter", "--role"), ("source", "--source"), ("since", "--since"), ("until", "--until")):
         if request.get(field):
-            command += [flag, request[field]]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+            command += [f"{flag}={request[field]}"]
+    # The query goes on standard input: it can never be taken for an
+    # option, and no length of it exceeds the command line's limit.
+    command += ["--", "-"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, input=request["query"])
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip() or "recall search failed")
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -181,6 +184,11 @@ def _handler(args, **kwargs):
             modes = {r.pop("mode", "hybrid") for r in results}
             found_by = "keyword" if "keyword" in modes else "hybrid"
         extra = {}
+        if results and all(r.get("weak") for r in results):
+            extra["weak_note"] = (
+                "every result is weak: nothing in the history stands out as being about this query; "
+                "say that it was probably not discussed rather than presenting these as the answer"
+            )
         if found_by == "keyword":
             # The model must not take exact-word matches for a search by meaning.
             extra["note"] = (
@@ -196,7 +204,9 @@ def _handler(args, **kwargs):
                 "results": results,
                 "count": len(results),
                 "via": via,
-                "hint": "open a result with session_search(session_id=..., around_message_id=match_message_id)",
+                "hint": "open a result with session_search(session_id=..., around_message_id=match_message_id); "
+                "a result with weak: true shares no words with the query and is barely closer to it than the "
+                "rest of the history: it may not be what the user means",
             },
             ensure_ascii=False,
         )

@@ -272,6 +272,19 @@ pub fn index_with(
                 report.truncated_chunks
             );
         }
+        if report.repaired_messages > 0 {
+            eprintln!(
+                "warning: {} messages in Hermes's database held bytes that are not UTF-8 text or a \
+                 timestamp that is no number (ids {}); they were indexed with those bytes replaced",
+                report.repaired_messages,
+                report
+                    .repaired_ids
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         if report.malformed_lines > 0 {
             eprintln!(
                 "warning: {} malformed lines in Hermes session files were skipped",

@@ -15,6 +15,7 @@ use super::{ModelArgs, ProviderArgs};
 #[derive(Args)]
 pub struct SearchArgs {
     /// What to look for, in any language: a question, a description, or an exact identifier.
+    /// `-` reads it from standard input (a query that starts with `-` can also follow `--`).
     query: String,
     #[command(flatten)]
     hermes: HermesArgs,
@@ -31,9 +32,11 @@ pub struct SearchArgs {
     /// Use all signals, or one alone: dense (meaning) or keyword (exact words).
     #[arg(long, value_enum, default_value_t = Signals::Hybrid)]
     signals: Signals,
-    /// Drop results whose best passage is less similar than this (dense cosine), unless it matches the query exactly.
-    #[arg(long, default_value_t = search::DEFAULT_MIN_SCORE)]
-    min_score: f32,
+    /// Leave out passages less similar than this dense cosine, unless they hold the query word for
+    /// word. Off by default: weak results are marked instead, as where unrelated texts sit depends on
+    /// the model.
+    #[arg(long, value_name = "COSINE")]
+    min_score: Option<f32>,
     /// Re-rank the best passages by BGE-M3's ColBERT score.
     #[arg(long)]
     rerank: bool,
@@ -79,7 +82,13 @@ pub fn run_search(args: SearchArgs) -> Result<()> {
     search_in(&index_path, args).map_err(|e| Store::explain_damage(&index_path, e))
 }
 
-fn search_in(index_path: &std::path::Path, args: SearchArgs) -> Result<()> {
+fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
+    if args.query == "-" {
+        let mut query = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut query)
+            .context("cannot read the query from standard input (it must be UTF-8)")?;
+        args.query = query;
+    }
     let store = Store::open_existing(index_path)?;
     // Someone is waiting: no 2.3 GB download, short timeouts and one retry.
     let chain = args
@@ -112,6 +121,7 @@ fn search_in(index_path: &std::path::Path, args: SearchArgs) -> Result<()> {
         rerank: args.rerank,
         mmr: args.mmr,
         half_life_days: args.half_life,
+        ranking: Default::default(),
         scan: match args.scan {
             VectorScan::Auto => Strategy::Auto,
             VectorScan::Exact => Strategy::Exact,
@@ -143,21 +153,22 @@ fn search_in(index_path: &std::path::Path, args: SearchArgs) -> Result<()> {
         println!("(keyword-only results: no embedding provider is available for this index)");
     }
     if hits.is_empty() {
-        println!(
-            "no session matches (searched {} passages; --min-score {} hides weak matches)",
-            info.candidates, options.min_score
-        );
+        println!("no session matches (searched {} passages)", info.candidates);
         return Ok(());
+    }
+    if hits.iter().all(|h| h.weak) {
+        println!("(only weak matches: nothing stands out as being about this)");
     }
     let color = std::io::stdout().is_terminal();
     for (i, hit) in hits.iter().enumerate() {
         let title = hit.title.as_deref().unwrap_or("(untitled)");
         println!(
-            "{}. {title}  [{} · {} · score {:.3}]",
+            "{}. {title}  [{} · {} · score {:.3}{}]",
             i + 1,
             hit.when,
             hit.source,
-            hit.score
+            hit.score,
+            if hit.weak { " · weak" } else { "" }
         );
         println!(
             "   {} (message {}, {})",

@@ -65,6 +65,13 @@ pub struct Report {
     /// Messages a provider refused (an input too long, a content filter):
     /// left out of this run, tried again in the next.
     pub rejected_messages: usize,
+    /// Session titles embedded in this run (search scores sessions by them too).
+    pub titles_embedded: usize,
+    /// Messages whose content was not UTF-8 text or whose timestamp was no
+    /// number in Hermes's database: indexed with the bad bytes replaced (or
+    /// time 0), never stopping the run. The first ten ids.
+    pub repaired_messages: usize,
+    pub repaired_ids: Vec<i64>,
 }
 
 /// Progress as work is done: (messages done, messages to do, chunks done, tokens done).
@@ -112,6 +119,8 @@ struct Snapshot {
     messages: Vec<Message>,
     file_messages: usize,
     malformed_lines: usize,
+    /// Messages read with bytes or a timestamp repaired (`StateDb::repaired`).
+    repaired: Vec<i64>,
 }
 
 fn read_profile(profile: &Profile, selection: &Selection) -> Result<Snapshot> {
@@ -119,6 +128,7 @@ fn read_profile(profile: &Profile, selection: &Selection) -> Result<Snapshot> {
     let mut sessions = db.sessions()?;
     let mut messages = Vec::new();
     db.messages(selection, |m| messages.push(m))?;
+    let repaired = db.repaired();
     drop(db);
     let from_files = files::read(&profile.home, &sessions, selection);
     let file_messages = from_files.messages.len();
@@ -131,6 +141,7 @@ fn read_profile(profile: &Profile, selection: &Selection) -> Result<Snapshot> {
         messages,
         file_messages,
         malformed_lines: from_files.malformed_lines,
+        repaired,
     })
 }
 
@@ -218,6 +229,11 @@ pub fn run(
         report.messages += snapshot.messages.len();
         report.session_file_messages += snapshot.file_messages;
         report.malformed_lines += snapshot.malformed_lines;
+        report.repaired_messages += snapshot.repaired.len();
+        let room = 10usize.saturating_sub(report.repaired_ids.len());
+        report
+            .repaired_ids
+            .extend(snapshot.repaired.iter().take(room));
 
         let rows: Vec<SessionRow> = snapshot
             .sessions
@@ -262,6 +278,9 @@ pub fn run(
             sparse: bound.sparse,
         };
         stage.run(store, &profile.name, todo, options, progress, &mut report)?;
+        if report.paused.is_none() {
+            embed_titles(store, &embedders, &profile.name, &rows, &mut report)?;
+        }
     }
     if report.paused.is_none() {
         store.set_meta("last_indexed_at", &format!("{:.3}", unix_now()))?;
@@ -280,6 +299,69 @@ pub fn run(
         0.0
     };
     Ok(report)
+}
+
+/// Longest title embedded, in characters (Hermes caps its own at 100).
+const TITLE_CHARS: usize = 200;
+
+/// Embeds the titles of `profile`'s visible sessions that the index lacks
+/// or holds in an older wording, and drops those of sessions gone or
+/// untitled: search scores a session by its title too. Titles that no
+/// provider can embed now are left for the next run.
+fn embed_titles(
+    store: &mut Store,
+    embedders: &Embedders,
+    profile: &str,
+    sessions: &[SessionRow],
+    report: &mut Report,
+) -> Result<()> {
+    let held = store.titles(profile)?;
+    let wanted: HashMap<&str, String> = sessions
+        .iter()
+        .filter(|row| !row.hidden)
+        .filter_map(|row| {
+            let title = row.session.title.as_deref()?.trim();
+            (!title.is_empty()).then(|| {
+                let title: String = title.chars().take(TITLE_CHARS).collect();
+                (row.session.id.as_str(), title)
+            })
+        })
+        .collect();
+    let remove: Vec<String> = held
+        .keys()
+        .filter(|id| !wanted.contains_key(id.as_str()))
+        .cloned()
+        .collect();
+    let mut todo: Vec<(&str, &String)> = wanted
+        .iter()
+        .filter(|(id, title)| held.get(**id) != Some(*title))
+        .map(|(id, title)| (*id, title))
+        .collect();
+    todo.sort();
+    let mut put = Vec::with_capacity(todo.len());
+    for batch in todo.chunks(256) {
+        let inputs: Vec<Input> = batch
+            .iter()
+            .map(|(_, title)| Input {
+                text: title,
+                tokens: None,
+            })
+            .collect();
+        match embedders.embed(&inputs, false) {
+            Ok((vectors, _)) => put.extend(
+                batch
+                    .iter()
+                    .zip(vectors)
+                    .map(|((id, title), v)| (id.to_string(), (*title).clone(), v.dense)),
+            ),
+            Err(NotEmbedded::Unavailable(why) | NotEmbedded::Rejected(why)) => {
+                tracing::warn!("session titles not embedded this run: {why}");
+                break;
+            }
+        }
+    }
+    report.titles_embedded += put.len();
+    store.put_titles(profile, &remove, &put)
 }
 
 /// The chain's providers that may write into an index bound to `bound`,

@@ -252,6 +252,9 @@ CREATE TABLE IF NOT EXISTS chunk_sparse (
 CREATE INDEX IF NOT EXISTS chunk_sparse_token ON chunk_sparse (token_id);
 CREATE TABLE IF NOT EXISTS chunk_codes (chunk_id INTEGER PRIMARY KEY, code BLOB NOT NULL);
 INSERT OR IGNORE INTO meta (key, value) VALUES ('codes_epoch', '0');
+CREATE TABLE IF NOT EXISTS session_titles (
+    profile TEXT NOT NULL, session_id TEXT NOT NULL, title TEXT NOT NULL, dense BLOB NOT NULL,
+    PRIMARY KEY (profile, session_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS embed_cache (key BLOB PRIMARY KEY, dense BLOB NOT NULL, sparse BLOB) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
     INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
@@ -515,7 +518,7 @@ impl Store {
         tx.execute_batch(
             "DROP TRIGGER IF EXISTS chunks_ad; DROP TABLE IF EXISTS chunks_vec;
              DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM chunk_codes;
-             DELETE FROM messages; DELETE FROM sessions;
+             DELETE FROM messages; DELETE FROM sessions; DELETE FROM session_titles;
              UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'codes_epoch';
              INSERT INTO chunks_fts (chunks_fts) VALUES ('delete-all');",
         )?;
@@ -567,6 +570,60 @@ impl Store {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Session id → title of the titles embedded for `profile`.
+    pub fn titles(&self, profile: &str) -> Result<HashMap<String, String>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT session_id, title FROM session_titles WHERE profile = ?")?;
+        let rows = stmt.query_map([profile], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Replaces the embedded titles of `remove` and `put` (session id, title, vector).
+    pub fn put_titles(
+        &mut self,
+        profile: &str,
+        remove: &[String],
+        put: &[(String, String, Vec<f32>)],
+    ) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut delete =
+                tx.prepare("DELETE FROM session_titles WHERE profile = ? AND session_id = ?")?;
+            for id in remove {
+                delete.execute(params![profile, id])?;
+            }
+            let mut insert = tx.prepare(
+                "INSERT OR REPLACE INTO session_titles (profile, session_id, title, dense) VALUES (?, ?, ?, ?)",
+            )?;
+            for (id, title, dense) in put {
+                insert.execute(params![profile, id, title, f32_blob(dense)])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The title vector of each of `sessions` (profile, session id) that has one.
+    pub fn title_vectors(
+        &self,
+        sessions: &[(String, String)],
+    ) -> Result<HashMap<(String, String), Vec<f32>>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT dense FROM session_titles WHERE profile = ? AND session_id = ?",
+        )?;
+        let mut out = HashMap::new();
+        for (profile, id) in sessions {
+            if let Some(blob) = stmt
+                .query_row(params![profile, id], |r| r.get::<_, Vec<u8>>(0))
+                .optional()?
+            {
+                out.insert((profile.clone(), id.clone()), blob_f32(&blob));
+            }
+        }
+        Ok(out)
     }
 
     /// Removes messages (and their chunks, vectors, sparse and FTS rows).

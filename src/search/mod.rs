@@ -1,9 +1,12 @@
-//! Hybrid session search over recall's index: dense similarity (sqlite-vec
-//! KNN), keyword match (FTS5 trigram BM25, so CJK text is found) and BGE-M3's
-//! sparse lexical score, fused by reciprocal rank (or weighted as openClaw
-//! does), then grouped into sessions by lineage, Hermes's rules applied.
+//! Hybrid session search over recall's index: candidate passages from dense
+//! similarity (sqlite-vec KNN), keyword match (FTS5 trigram BM25, so CJK
+//! text is found) and BGE-M3's sparse lexical score, gathered into sessions
+//! by lineage with Hermes's rules applied, and ranked as sessions
+//! (`rank.rs`): by reciprocal rank (or weighted as openClaw does), each
+//! result marked weak or not.
 
 pub mod binary;
+pub mod rank;
 pub mod vector;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -18,8 +21,6 @@ use crate::index::store::{Identity, Store};
 use crate::provider::Provider;
 use crate::score;
 
-/// Reciprocal rank fusion's constant.
-const RRF_K: f32 = 60.0;
 /// Hermes caps FTS queries at this many characters.
 const MAX_KEYWORD_QUERY_CHARS: usize = 2048;
 /// Longest snippet, in characters.
@@ -61,8 +62,10 @@ pub struct SearchOptions {
     pub limit: usize,
     pub fusion: Fusion,
     pub signals: Signals,
-    /// Results whose best passage has a lower dense cosine, and no exact keyword match, are dropped.
-    pub min_score: f32,
+    /// Passages of a lower dense cosine, and no exact keyword match, are
+    /// left out. Off by default: where that cosine lies depends on the model,
+    /// and weak results are marked instead (`SessionHit::weak`).
+    pub min_score: Option<f32>,
     pub filters: Filters,
     /// Re-rank the top candidates by BGE-M3's ColBERT score.
     pub rerank: bool,
@@ -72,6 +75,8 @@ pub struct SearchOptions {
     pub half_life_days: Option<f64>,
     /// How the nearest vectors are found.
     pub scan: vector::Strategy,
+    /// How sessions are scored (defaults chosen on the evaluation's dev half).
+    pub ranking: rank::Ranking,
 }
 
 impl Default for SearchOptions {
@@ -80,18 +85,41 @@ impl Default for SearchOptions {
             limit: 5,
             fusion: Fusion::Rrf,
             signals: Signals::Hybrid,
-            min_score: DEFAULT_MIN_SCORE,
+            min_score: None,
             filters: Filters::default(),
             rerank: false,
             mmr: None,
             half_life_days: None,
             scan: vector::Strategy::Auto,
+            ranking: rank::Ranking::default(),
         }
     }
 }
 
-/// The default minimum dense cosine of a result's best passage (see README, "Search").
-pub const DEFAULT_MIN_SCORE: f32 = 0.25;
+impl SearchOptions {
+    /// Refuses what cannot be meant, naming the option.
+    pub fn check(&self) -> Result<()> {
+        if self.limit == 0 {
+            bail!("--limit must be at least 1");
+        }
+        if let Some(min) = self.min_score
+            && !min.is_finite()
+        {
+            bail!("--min-score must be a number, not {min}");
+        }
+        if let Some(days) = self.half_life_days
+            && !(days.is_finite() && days > 0.0)
+        {
+            bail!("--half-life must be a positive number of days, not {days}");
+        }
+        if let Some(lambda) = self.mmr
+            && !(0.0..=1.0).contains(&lambda)
+        {
+            bail!("--mmr takes a λ between 0 and 1, not {lambda}");
+        }
+        Ok(())
+    }
+}
 
 /// One session found, in the shape of Hermes's own `session_search` results.
 #[derive(Debug, Clone, Serialize)]
@@ -113,6 +141,9 @@ pub struct SessionHit {
     pub score: f32,
     /// Cosine of the query and the best passage.
     pub similarity: f32,
+    /// Nothing of the query is in it word for word, and its similarity does
+    /// not stand out from the rest of the index: perhaps not what was meant.
+    pub weak: bool,
     pub lineage_root: String,
 }
 
@@ -155,9 +186,7 @@ pub fn search(
     if query.is_empty() {
         bail!("the query is empty");
     }
-    if options.limit == 0 {
-        bail!("--limit must be at least 1");
-    }
+    options.check()?;
     let identity = store
         .identity()?
         .context("the index is empty: run `recall index` first")?;
@@ -186,62 +215,41 @@ pub fn search(
         }
         None => None,
     };
+    let dense_query = embedded.as_ref().and_then(|e| e.dense.as_ref());
 
-    let mut lists: Vec<Vec<i64>> = Vec::new();
+    // Candidate passages from each signal.
     let mut dense_sim: HashMap<i64, f32> = HashMap::new();
-    if let Some(dense) = embedded.as_ref().and_then(|e| e.dense.as_ref()) {
+    let mut floor = f32::MIN;
+    if let Some(dense) = dense_query {
         let hits = dense_candidates(store, dense, pool, identity.normalized, options.scan)?;
-        lists.push(hits.iter().map(|h| h.0).collect());
+        floor = hits.last().map_or(f32::MIN, |h| h.1);
         dense_sim.extend(hits);
     }
-    let (phrase, keyword) = match options.signals {
-        Signals::Dense => (Vec::new(), Vec::new()),
+    let keyword = match options.signals {
+        Signals::Dense => Keyword::default(),
         _ => keyword_candidates(store, query, pool)?,
     };
-    let exact: HashSet<i64> = phrase.iter().map(|h| h.0).collect();
-    let mut keyword_score: HashMap<i64, f32> = HashMap::new();
-    let mut keyword_list = Vec::new();
-    for (id, rank) in phrase.into_iter().chain(keyword) {
-        if let std::collections::hash_map::Entry::Vacant(slot) = keyword_score.entry(id) {
-            slot.insert(bm25_to_score(rank));
-            keyword_list.push(id);
-        }
-    }
-    lists.push(keyword_list);
-    if let Some(sparse) = embedded
+    let sparse_list = match embedded
         .as_ref()
         .and_then(|e| e.sparse.as_ref())
         .filter(|_| options.signals == Signals::Hybrid)
     {
-        lists.push(sparse_candidates(store, sparse, pool)?);
-    }
-
-    let mut fused: HashMap<i64, f32> = HashMap::new();
-    match options.fusion {
-        Fusion::Rrf => {
-            for list in &lists {
-                for (rank, id) in list.iter().enumerate() {
-                    *fused.entry(*id).or_default() += 1.0 / (RRF_K + rank as f32 + 1.0);
-                }
-            }
-        }
-        Fusion::Weighted => {
-            for list in &lists {
-                for id in list {
-                    fused.entry(*id).or_default();
-                }
-            }
-            for (id, s) in fused.iter_mut() {
-                *s = 0.7 * dense_sim.get(id).copied().unwrap_or(0.0)
-                    + 0.3 * keyword_score.get(id).copied().unwrap_or(0.0);
-            }
-        }
-    }
-    let candidates = fused.len();
-    let ids: Vec<i64> = fused.keys().copied().collect();
+        Some(sparse) => sparse_candidates(store, sparse, pool)?,
+        None => Vec::new(),
+    };
+    let sparse_rank: HashMap<i64, usize> = first_positions(&sparse_list);
+    let titled = match options.signals {
+        Signals::Dense => Vec::new(),
+        _ => title_candidates(store, query, pool)?,
+    };
+    let mut ids: Vec<i64> = dense_sim.keys().copied().collect();
+    ids.extend(keyword.ranked.iter().chain(&sparse_list).chain(&titled));
+    ids.sort_unstable();
+    ids.dedup();
+    let candidates = ids.len();
     let chunks = load_chunks(store, &ids)?;
-    // Passages only keyword search found still need their cosine, for the minimum score.
-    if let Some(dense) = embedded.as_ref().and_then(|e| e.dense.as_ref()) {
+    // Passages only keyword or sparse search found still need their cosine.
+    if let Some(dense) = dense_query {
         let missing: Vec<&Chunk> = chunks
             .values()
             .filter(|c| !dense_sim.contains_key(&c.id))
@@ -254,27 +262,93 @@ pub fn search(
         )?);
     }
 
-    let now = crate::index::unix_now();
-    let mut kept: Vec<(Chunk, f32, f32)> = Vec::new();
+    // Sessions, not fragments: the candidates of each lineage together.
+    let mut sessions: Vec<Candidate> = Vec::new();
+    let mut of_lineage: HashMap<(String, String), usize> = HashMap::new();
     for chunk in chunks.into_values() {
         if chunk.hidden || !passes(&chunk, &options.filters) {
             continue;
         }
-        let similarity = dense_sim.get(&chunk.id).copied().unwrap_or(0.0);
-        let relevant =
-            embedded.is_none() || similarity >= options.min_score || exact.contains(&chunk.id);
-        if !relevant {
+        let similarity = dense_sim.get(&chunk.id).copied();
+        if let (Some(min), Some(similarity)) = (options.min_score, similarity)
+            && similarity < min
+            && !keyword.exact.contains(&chunk.id)
+        {
             continue;
         }
-        let mut s = fused[&chunk.id];
-        if let Some(half_life) = options.half_life_days {
-            let age_days = ((now - chunk.timestamp) / 86_400.0).max(0.0);
-            s *= (-(std::f64::consts::LN_2) * age_days / half_life).exp() as f32;
-        }
-        kept.push((chunk, s, similarity));
+        let key = (chunk.profile.clone(), chunk.lineage_root.clone());
+        let at = *of_lineage.entry(key).or_insert_with(|| {
+            sessions.push(Candidate::default());
+            sessions.len() - 1
+        });
+        sessions[at].passages.push(Passage {
+            similarity: similarity.unwrap_or(f32::NAN),
+            keyword_rank: keyword.rank.get(&chunk.id).copied(),
+            sparse_rank: sparse_rank.get(&chunk.id).copied(),
+            exact: keyword.exact.contains(&chunk.id) || keyword.all_words.contains(&chunk.id),
+            chunk,
+        });
     }
-    kept.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.id.cmp(&b.0.id)));
+    for s in &mut sessions {
+        s.passages.sort_by(|a, b| {
+            b.similarity
+                .total_cmp(&a.similarity)
+                .then(a.chunk.id.cmp(&b.chunk.id))
+        });
+    }
+    let titles = match dense_query {
+        Some(dense) => title_similarity(store, dense, &sessions)?,
+        None => vec![None; sessions.len()],
+    };
+    let title_match = title_matches(query, &sessions);
+    let evidence: Vec<rank::Evidence> = sessions
+        .iter()
+        .zip(&titles)
+        .zip(&title_match)
+        .map(|((s, title), title_match)| rank::Evidence {
+            passages: match dense_query {
+                Some(_) => s.passages.iter().map(|p| p.similarity).collect(),
+                None => Vec::new(),
+            },
+            title: *title,
+            keyword_rank: s.passages.iter().filter_map(|p| p.keyword_rank).min(),
+            keyword_score: s
+                .passages
+                .iter()
+                .filter_map(|p| keyword.score.get(&p.chunk.id).copied())
+                .reduce(f32::max),
+            sparse_rank: s.passages.iter().filter_map(|p| p.sparse_rank).min(),
+            keyword_match: *title_match || s.passages.iter().any(|p| p.exact),
+            cron: s.passages[0].chunk.source == "cron",
+        })
+        .collect();
+    let spread = match dense_query {
+        Some(dense) => {
+            let sample = vector::sample_similarities(store, dense, identity.normalized)?;
+            let ids: Vec<Vec<i64>> = sessions
+                .iter()
+                .map(|s| s.passages.iter().map(|p| p.chunk.id).collect())
+                .collect();
+            rank::Spread::of(&sample, &evidence, &ids, floor, &options.ranking)
+        }
+        None => None,
+    };
+    let standings = rank::standings(&evidence, floor, spread, options.fusion, &options.ranking);
 
+    let now = crate::index::unix_now();
+    let mut ranked: Vec<(Candidate, rank::Standing)> =
+        sessions.into_iter().zip(standings).collect();
+    if let Some(half_life) = options.half_life_days {
+        for (s, standing) in &mut ranked {
+            let age_days = ((now - s.passages[0].chunk.timestamp) / 86_400.0).max(0.0);
+            standing.fused *= (-(std::f64::consts::LN_2) * age_days / half_life).exp() as f32;
+        }
+    }
+    ranked.sort_by(|a, b| {
+        b.1.fused
+            .total_cmp(&a.1.fused)
+            .then(a.0.passages[0].chunk.id.cmp(&b.0.passages[0].chunk.id))
+    });
     if options.rerank {
         let embedder = provider
             .and_then(|p| p.local())
@@ -283,16 +357,12 @@ pub fn search(
             .as_ref()
             .and_then(|e| e.colbert.as_ref())
             .context("--rerank needs the model's ColBERT vectors")?;
-        kept = rerank(embedder, q, kept, options.limit * 4)?;
+        rerank(embedder, q, &mut ranked, options.limit * 4)?;
     }
-
-    let mut results = group(kept, query);
-    // Hermes ranks cron sessions below interactive ones.
-    results.sort_by(|a, b| {
-        (a.source == "cron")
-            .cmp(&(b.source == "cron"))
-            .then(b.score.total_cmp(&a.score))
-    });
+    let mut results: Vec<SessionHit> = ranked
+        .into_iter()
+        .map(|(s, standing)| s.into_hit(standing, query))
+        .collect();
     if let Some(lambda) = options.mmr {
         results = mmr(results, lambda, options.limit)?;
     }
@@ -310,6 +380,124 @@ pub fn search(
             note,
         },
     ))
+}
+
+/// A passage of a candidate session, with what each signal said of it.
+struct Passage {
+    chunk: Chunk,
+    /// Cosine with the query (NaN without a query vector).
+    similarity: f32,
+    keyword_rank: Option<usize>,
+    sparse_rank: Option<usize>,
+    /// The query is in it word for word (as a phrase, or all its words).
+    exact: bool,
+}
+
+/// The candidate passages of one lineage, best first.
+#[derive(Default)]
+struct Candidate {
+    passages: Vec<Passage>,
+}
+
+impl Candidate {
+    /// The result: the passage the query matched word for word, else the
+    /// most similar, with up to two more as further snippets.
+    fn into_hit(mut self, standing: rank::Standing, query: &str) -> SessionHit {
+        let matched = self
+            .passages
+            .iter()
+            .position(|p| p.exact)
+            .or_else(|| {
+                self.passages
+                    .iter()
+                    .position(|p| p.similarity.is_nan() && p.keyword_rank.is_some())
+            })
+            .unwrap_or(0);
+        let best = self.passages.remove(matched);
+        let snippets = self
+            .passages
+            .iter()
+            .take(2)
+            .map(|p| snippet(&p.chunk.text, query))
+            .collect();
+        let chunk = best.chunk;
+        SessionHit {
+            link: format!("@session:{}/{}", chunk.profile, chunk.session_id),
+            snippet: snippet(&chunk.text, query),
+            session_id: chunk.session_id,
+            profile: chunk.profile,
+            when: rfc3339(chunk.timestamp),
+            source: chunk.source,
+            model: chunk.model,
+            title: chunk.title,
+            role: chunk.role,
+            match_message_id: chunk.message_id,
+            snippets,
+            score: standing.fused,
+            similarity: if best.similarity.is_nan() {
+                0.0
+            } else {
+                best.similarity
+            },
+            weak: standing.weak,
+            lineage_root: chunk.lineage_root,
+        }
+    }
+}
+
+/// Each id's first position in `list`.
+fn first_positions(list: &[i64]) -> HashMap<i64, usize> {
+    let mut out = HashMap::with_capacity(list.len());
+    for (i, id) in list.iter().enumerate() {
+        out.entry(*id).or_insert(i);
+    }
+    out
+}
+
+/// The cosine of each candidate lineage's best-matching title (of the
+/// sessions its passages come from), where titles were embedded.
+fn title_similarity(
+    store: &Store,
+    query: &[f32],
+    sessions: &[Candidate],
+) -> Result<Vec<Option<f32>>> {
+    let wanted: Vec<(String, String)> = sessions
+        .iter()
+        .flat_map(|s| {
+            s.passages
+                .iter()
+                .map(|p| (p.chunk.profile.clone(), p.chunk.session_id.clone()))
+        })
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let vectors = store.title_vectors(&wanted)?;
+    Ok(sessions
+        .iter()
+        .map(|s| {
+            s.passages
+                .iter()
+                .filter_map(|p| vectors.get(&(p.chunk.profile.clone(), p.chunk.session_id.clone())))
+                .map(|v| score::dense(query, v))
+                .reduce(f32::max)
+        })
+        .collect())
+}
+
+/// Whether each candidate's title contains the whole query (any case).
+fn title_matches(query: &str, sessions: &[Candidate]) -> Vec<bool> {
+    let needle = query.to_lowercase();
+    sessions
+        .iter()
+        .map(|s| {
+            s.passages.iter().any(|p| {
+                p.chunk
+                    .title
+                    .as_ref()
+                    .is_some_and(|t| t.to_lowercase().contains(&needle))
+            })
+        })
+        .collect()
 }
 
 /// The query's vector must be of the space the index's vectors are in.
@@ -415,17 +603,34 @@ fn bm25_to_score(rank: f64) -> f32 {
     }) as f32
 }
 
-/// Chunk ids with their BM25 rank, best first.
-type Ranked = Vec<(i64, f64)>;
+/// What keyword search found: passages in order (whole-query phrase hits,
+/// then passages holding every word of it), each one's position and score.
+#[derive(Default)]
+struct Keyword {
+    ranked: Vec<i64>,
+    rank: HashMap<i64, usize>,
+    /// BM25 mapped to (0, 1), for weighted fusion.
+    score: HashMap<i64, f32>,
+    /// Holds the whole query as a phrase.
+    exact: HashSet<i64>,
+    /// Holds every word of the query.
+    all_words: HashSet<i64>,
+}
 
 /// Keyword hits: the whole query as an exact phrase first (identifiers such
 /// as `nginx -t`), then all its words. Words are quoted, so FTS5 syntax in
 /// the query (`"`, `*`, `NEAR`, `:`) is only text. The trigram tokenizer
 /// needs three characters; shorter queries use a substring scan.
-fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<(Ranked, Ranked)> {
-    let query: String = query.chars().take(MAX_KEYWORD_QUERY_CHARS).collect();
+fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<Keyword> {
+    // Control characters (a NUL ends a string for FTS5's parser) are only spaces here.
+    let query: String = query
+        .chars()
+        .take(MAX_KEYWORD_QUERY_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let query = query.trim();
     let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-    let run = |fts: &str| -> Result<Ranked> {
+    let run = |fts: &str| -> Result<Vec<(i64, f64)>> {
         let mut stmt = store
             .conn()
             .prepare_cached("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts) LIMIT ?")?;
@@ -434,27 +639,54 @@ fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<(Ranked, R
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     };
-    if query.chars().count() < 3 {
+    if query.is_empty() {
+        return Ok(Keyword::default());
+    }
+    let (phrase, all_words) = if query.chars().count() < 3 {
         let mut stmt = store
             .conn()
             .prepare_cached("SELECT id FROM chunks WHERE instr(text, ?) > 0 LIMIT ?")?;
         let rows = stmt.query_map(rusqlite::params![query, k as i64], |r| {
             Ok((r.get(0)?, -1.0))
         })?;
-        return Ok((rows.collect::<rusqlite::Result<_>>()?, Vec::new()));
-    }
-    let phrase = run(&quote(&query))?;
-    let words: Vec<String> = query
-        .split_whitespace()
-        .filter(|w| w.chars().count() >= 3)
-        .map(quote)
-        .collect();
-    let all_words = if words.len() > 1 {
-        run(&words.join(" AND "))?
+        (rows.collect::<rusqlite::Result<Vec<_>>>()?, Vec::new())
     } else {
-        Vec::new()
+        let words: Vec<String> = query
+            .split_whitespace()
+            .filter(|w| w.chars().count() >= 3)
+            .map(quote)
+            .collect();
+        let all_words = if words.len() > 1 {
+            run(&words.join(" AND "))?
+        } else {
+            Vec::new()
+        };
+        (run(&quote(query))?, all_words)
     };
-    Ok((phrase, all_words))
+    let mut out = Keyword {
+        exact: phrase.iter().map(|h| h.0).collect(),
+        all_words: all_words.iter().map(|h| h.0).collect(),
+        ..Default::default()
+    };
+    for (id, bm25) in phrase.into_iter().chain(all_words) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = out.rank.entry(id) {
+            slot.insert(out.ranked.len());
+            out.score.insert(id, bm25_to_score(bm25));
+            out.ranked.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Passages of the sessions whose title holds the whole query (any case):
+/// Hermes's own search looks at titles first. The first passage of each.
+fn title_candidates(store: &Store, query: &str, k: usize) -> Result<Vec<i64>> {
+    let mut stmt = store.conn().prepare_cached(
+        "SELECT MIN(c.id) FROM sessions s JOIN chunks c ON c.profile = s.profile AND c.session_id = s.id
+         WHERE s.hidden = 0 AND instr(lower(s.title), lower(?)) > 0 GROUP BY s.profile, s.id LIMIT ?",
+    )?;
+    let rows = stmt.query_map(rusqlite::params![query, k as i64], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 fn sparse_candidates(store: &Store, query: &BTreeMap<u32, f32>, k: usize) -> Result<Vec<i64>> {
@@ -525,26 +757,30 @@ fn passes(c: &Chunk, f: &Filters) -> bool {
         && (f.profiles.is_empty() || f.profiles.contains(&c.profile))
 }
 
-/// ColBERT late-interaction scores of the top `n` passages replace their fused scores.
+/// The top `n` sessions reordered by BGE-M3's ColBERT late-interaction
+/// score of their best passage, which replaces their fused score.
 fn rerank(
     embedder: &Embedder,
     query: &[Vec<f32>],
-    mut kept: Vec<(Chunk, f32, f32)>,
+    ranked: &mut [(Candidate, rank::Standing)],
     n: usize,
-) -> Result<Vec<(Chunk, f32, f32)>> {
-    let n = n.min(kept.len());
+) -> Result<()> {
+    let n = n.min(ranked.len());
     let colbert = Outputs {
         dense: false,
         sparse: false,
         colbert: true,
     };
-    let texts: Vec<&str> = kept[..n].iter().map(|k| k.0.text.as_str()).collect();
+    let texts: Vec<&str> = ranked[..n]
+        .iter()
+        .map(|(s, _)| s.passages[0].chunk.text.as_str())
+        .collect();
     let vectors = embedder.embed(&texts, colbert)?;
-    for (k, v) in kept[..n].iter_mut().zip(&vectors) {
-        k.1 = score::colbert(query, v.colbert.as_ref().context("no ColBERT vectors")?);
+    for ((_, standing), v) in ranked[..n].iter_mut().zip(&vectors) {
+        standing.fused = score::colbert(query, v.colbert.as_ref().context("no ColBERT vectors")?);
     }
-    kept[..n].sort_by(|a, b| b.1.total_cmp(&a.1));
-    Ok(kept)
+    ranked[..n].sort_by(|a, b| b.1.fused.total_cmp(&a.1.fused));
+    Ok(())
 }
 
 /// Recent query embeddings: an agent often asks the same thing again.
@@ -578,53 +814,8 @@ fn embed_query(
     Ok(e)
 }
 
-/// Sessions, not fragments: one result per conversation lineage, with its best passages.
-fn group(kept: Vec<(Chunk, f32, f32)>, query: &str) -> Vec<SessionHit> {
-    let mut order: Vec<(String, String)> = Vec::new();
-    let mut by_lineage: HashMap<(String, String), SessionHit> = HashMap::new();
-    for (chunk, s, similarity) in kept {
-        let key = (chunk.profile.clone(), chunk.lineage_root.clone());
-        match by_lineage.get_mut(&key) {
-            Some(hit) => {
-                if hit.snippets.len() < 2 {
-                    hit.snippets.push(snippet(&chunk.text, query));
-                }
-            }
-            None => {
-                order.push(key.clone());
-                by_lineage.insert(
-                    key,
-                    SessionHit {
-                        link: format!("@session:{}/{}", chunk.profile, chunk.session_id),
-                        session_id: chunk.session_id,
-                        profile: chunk.profile,
-                        when: rfc3339(chunk.timestamp),
-                        source: chunk.source,
-                        model: chunk.model,
-                        title: chunk.title,
-                        role: chunk.role,
-                        match_message_id: chunk.message_id,
-                        snippet: snippet(&chunk.text, query),
-                        snippets: Vec::new(),
-                        score: s,
-                        similarity,
-                        lineage_root: chunk.lineage_root,
-                    },
-                );
-            }
-        }
-    }
-    order
-        .into_iter()
-        .filter_map(|k| by_lineage.remove(&k))
-        .collect()
-}
-
 /// Maximal marginal relevance over results, by their best passages' words.
 fn mmr(results: Vec<SessionHit>, lambda: f32, limit: usize) -> Result<Vec<SessionHit>> {
-    if !(0.0..=1.0).contains(&lambda) {
-        bail!("--mmr takes a λ between 0 and 1");
-    }
     let words = |h: &SessionHit| -> HashSet<String> {
         h.snippet
             .to_lowercase()

@@ -142,3 +142,36 @@ pub fn l2(a: &[f32], b: &[f32]) -> f32 {
         .sum::<f32>()
         .sqrt()
 }
+
+/// Passages sampled to measure how a query's similarities spread over the index.
+const SAMPLE: i64 = 256;
+
+/// `query`'s similarity to up to `SAMPLE` passages of the index, evenly
+/// spaced by chunk id (one B-tree seek each): (chunk id, similarity).
+pub fn sample_similarities(
+    store: &Store,
+    query: &[f32],
+    normalized: bool,
+) -> Result<Vec<(i64, f32)>> {
+    let conn = store.conn();
+    let last: i64 = conn.query_row("SELECT COALESCE(MAX(id), 0) FROM chunks", [], |r| r.get(0))?;
+    let mut next =
+        conn.prepare_cached("SELECT id, text FROM chunks WHERE id >= ? ORDER BY id LIMIT 1")?;
+    let vectors = StoredVectors::new(store)?;
+    let mut out: Vec<(i64, f32)> = Vec::with_capacity(SAMPLE as usize);
+    for i in 0..SAMPLE {
+        let at = 1 + i * last / SAMPLE;
+        let Some((id, text)): Option<(i64, String)> = next
+            .query_row([at], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?
+        else {
+            continue;
+        };
+        if out.last().is_none_or(|(prev, _)| *prev != id)
+            && let Some(v) = vectors.get_by_text(id, &text)?
+        {
+            out.push((id, super::l2_to_similarity(l2(query, &v), normalized)));
+        }
+    }
+    Ok(out)
+}

@@ -87,11 +87,12 @@ async fn search_sessions(State(state): State<Shared>, body: Bytes) -> Response {
             limit: request.limit.unwrap_or(defaults.limit),
             fusion: request.fusion.unwrap_or(defaults.fusion),
             signals: request.signals.unwrap_or(defaults.signals),
-            min_score: request.min_score.unwrap_or(defaults.min_score),
+            min_score: request.min_score,
             rerank: request.rerank,
             mmr: request.mmr,
             half_life_days: request.half_life,
             scan: defaults.scan,
+            ranking: defaults.ranking,
             filters: Filters {
                 roles: request.roles.into_vec(),
                 sources: request.source.into_vec(),

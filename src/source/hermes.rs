@@ -7,11 +7,13 @@
 //! transaction, so a DELETE-mode writer is never blocked for long and a WAL
 //! checkpoint is never held back.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 
 /// Sources whose sessions Hermes's own search never shows.
@@ -119,6 +121,57 @@ pub struct StateDb {
     path: PathBuf,
     has: HashSet<String>,
     session_cols: HashSet<String>,
+    /// Ids of messages read with a value repaired (see `Lenient`).
+    repaired: RefCell<Vec<i64>>,
+}
+
+/// A column read as whatever SQLite holds, never failing on it: Hermes
+/// stores content as given (`_encode_content` passes bytes through, so a
+/// message can be a BLOB), old rows may hold text that is not UTF-8, and a
+/// timestamp may have been written as text. One bad row must not stop every
+/// later run, so bytes are decoded as UTF-8 with bad sequences replaced, and
+/// a timestamp that is no number counts as 0; either marks the row repaired.
+struct Lenient {
+    repaired: bool,
+}
+
+impl Lenient {
+    fn text(&mut self, v: ValueRef) -> Option<String> {
+        match v {
+            ValueRef::Null => None,
+            ValueRef::Integer(i) => Some(i.to_string()),
+            ValueRef::Real(f) => Some(f.to_string()),
+            ValueRef::Text(b) | ValueRef::Blob(b) => Some(match std::str::from_utf8(b) {
+                Ok(s) => s.to_string(),
+                Err(_) => {
+                    self.repaired = true;
+                    String::from_utf8_lossy(b).into_owned()
+                }
+            }),
+        }
+    }
+
+    fn seconds(&mut self, v: ValueRef) -> f64 {
+        match v {
+            ValueRef::Null => 0.0,
+            ValueRef::Integer(i) => i as f64,
+            ValueRef::Real(f) => f,
+            ValueRef::Text(b) => match std::str::from_utf8(b)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                Some(t) => t,
+                None => {
+                    self.repaired = true;
+                    0.0
+                }
+            },
+            ValueRef::Blob(_) => {
+                self.repaired = true;
+                0.0
+            }
+        }
+    }
 }
 
 fn columns(conn: &Connection, table: &str) -> Result<HashSet<String>> {
@@ -165,6 +218,7 @@ impl StateDb {
             path: path.to_path_buf(),
             has,
             session_cols,
+            repaired: RefCell::default(),
         })
     }
 
@@ -174,6 +228,12 @@ impl StateDb {
             .query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))
             .ok()
             .flatten()
+    }
+
+    /// Ids of the messages read so far whose content or timestamp had to be
+    /// repaired (bytes that are not UTF-8, a timestamp that is no number).
+    pub fn repaired(&self) -> Vec<i64> {
+        self.repaired.borrow().clone()
     }
 
     pub fn message_count(&self) -> Result<i64> {
@@ -199,18 +259,19 @@ impl StateDb {
         );
         let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map([], |r| {
+            let mut v = Lenient { repaired: false };
             Ok(Session {
-                id: r.get(0)?,
-                source: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-                title: r.get(2)?,
-                model: r.get(3)?,
-                started_at: r.get::<_, Option<f64>>(4)?.unwrap_or(0.0),
-                parent: r.get(5)?,
+                id: v.text(r.get_ref(0)?).unwrap_or_default(),
+                source: v.text(r.get_ref(1)?).unwrap_or_default(),
+                title: v.text(r.get_ref(2)?),
+                model: v.text(r.get_ref(3)?),
+                started_at: v.seconds(r.get_ref(4)?),
+                parent: v.text(r.get_ref(5)?),
             })
         })?;
         let mut out = HashMap::new();
         for s in rows {
-            let s = s?;
+            let s = s.with_context(|| format!("{}: cannot read sessions", self.path.display()))?;
             out.insert(s.id.clone(), s);
         }
         Ok(out)
@@ -258,19 +319,24 @@ impl StateDb {
             let mut page = Vec::with_capacity(PAGE as usize);
             // One statement is one read transaction (autocommit), released before the next page.
             let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
-                Ok((
+                let mut v = Lenient { repaired: false };
+                let row = (
                     r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, Option<String>>(3)?,
-                    r.get::<_, Option<String>>(4)?,
-                    r.get::<_, Option<f64>>(5)?,
-                ))
+                    v.text(r.get_ref(1)?).unwrap_or_default(),
+                    v.text(r.get_ref(2)?).unwrap_or_default(),
+                    v.text(r.get_ref(3)?),
+                    v.text(r.get_ref(4)?),
+                    v.seconds(r.get_ref(5)?),
+                );
+                Ok((row, v.repaired))
             })?;
             for row in rows {
-                page.push(
-                    row.with_context(|| format!("{}: cannot read messages", self.path.display()))?,
-                );
+                let (row, repaired) =
+                    row.with_context(|| format!("{}: cannot read messages", self.path.display()))?;
+                if repaired {
+                    self.repaired.borrow_mut().push(row.0);
+                }
+                page.push(row);
             }
             let Some(last) = page.last() else { break };
             after = last.0;
@@ -281,7 +347,7 @@ impl StateDb {
                         id,
                         session_id,
                         role,
-                        timestamp: timestamp.unwrap_or(0.0),
+                        timestamp,
                         text,
                     });
                 }
@@ -304,24 +370,26 @@ impl StateDb {
         );
         let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map([session], |r| {
+            let mut v = Lenient { repaired: false };
             Ok((
                 r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, Option<String>>(3)?,
-                r.get::<_, Option<f64>>(4)?,
+                v.text(r.get_ref(1)?).unwrap_or_default(),
+                v.text(r.get_ref(2)?),
+                v.text(r.get_ref(3)?),
+                v.seconds(r.get_ref(4)?),
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (id, role, content, tool_calls, timestamp) = row?;
+            let (id, role, content, tool_calls, timestamp) =
+                row.with_context(|| format!("{}: cannot read messages", self.path.display()))?;
             let text =
                 message_text(&role, content.as_deref(), tool_calls.as_deref()).unwrap_or_default();
             out.push(Message {
                 id,
                 session_id: session.to_string(),
                 role,
-                timestamp: timestamp.unwrap_or(0.0),
+                timestamp,
                 text,
             });
         }

@@ -10,6 +10,9 @@ hermes_state.SessionDB), for recall's indexing tests. Prints JSON.
     hermes_db.py writer HOME SECONDS                 append for SECONDS; report lock errors
     hermes_db.py eval-create HOME CORPUS.json        the retrieval-evaluation history
     hermes_db.py hermes-search HOME QUERY...         Hermes's own session_search: ranked session ids per query
+    hermes_db.py odd-rows HOME                       a session whose rows hold what Hermes can store but is no
+                                                     clean text: bytes content (through append_message), text
+                                                     that is not UTF-8, a timestamp written as text
 """
 
 import json
@@ -153,12 +156,34 @@ def eval_create(home: str, corpus: str) -> dict:
     db = open_db(home)
     data = json.load(open(corpus))
     for s in data["sessions"]:
-        db.create_session(s["id"], s["source"], model="test-model")
+        db.create_session(s["id"], s["source"], model="test-model", parent_session_id=s.get("parent"))
         db.set_session_title(s["id"], s["title"])
         for role, content in s["messages"]:
             db.append_message(s["id"], role, content)
     db.close()
     return {"sessions": len(data["sessions"])}
+
+
+def odd_rows(home: str) -> dict:
+    import sqlite3
+
+    db = open_db(home)
+    sid = "20260601_000000_0dd001"
+    db.create_session(sid, "cli", model="test-model")
+    db.set_session_title(sid, "Odd rows")
+    # Hermes's own append_message passes bytes through: a BLOB in `content`.
+    as_bytes = db.append_message(sid, "user", "the backup disk \u00e9 is full".encode("utf-8") + b" \xff\xfe")
+    not_utf8 = db.append_message(sid, "assistant", "placeholder")
+    text_time = db.append_message(sid, "user", "a timestamp written as text")
+    fine = db.append_message(sid, "assistant", "after the odd rows, a clean message about rsync")
+    db.close()
+    # What older writers left: text that is not UTF-8, a timestamp as text.
+    raw = sqlite3.connect(str(Path(home) / "state.db"))
+    raw.execute("UPDATE messages SET content = CAST(X'6e6f7420c3a9c3a920ff7574662d38' AS TEXT) WHERE id = ?", (not_utf8,))
+    raw.execute("UPDATE messages SET timestamp = 'yesterday' WHERE id = ?", (text_time,))
+    raw.commit()
+    raw.close()
+    return {"session": sid, "ids": [as_bytes, not_utf8, text_time, fine]}
 
 
 def hermes_search(home: str, queries: list) -> dict:
@@ -191,6 +216,8 @@ def main() -> None:
         out = bulk(home, int(rest[0]), mode)
     elif cmd == "eval-create":
         out = eval_create(home, rest[0])
+    elif cmd == "odd-rows":
+        out = odd_rows(home)
     elif cmd == "hermes-search":
         out = hermes_search(home, rest)
     elif cmd == "writer":

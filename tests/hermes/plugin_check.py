@@ -5,6 +5,7 @@ Usage: plugin_check.py HERMES_HOME QUERY
 Prints one JSON object: whether Hermes loaded the plugin, whether the tool is
 registered in the session_search toolset and offered to the model, the
 tool's answer to QUERY through `model_tools.handle_function_call`, its
+answers to queries that look like options or exceed a command line, its
 answer to bad arguments, and whether the post_llm_call hook ran.
 """
 import json
@@ -34,6 +35,18 @@ if entry is not None:
             "semantic_session_search", {"query": query, "limit": 3}, task_id="t1", session_id="s1"
         )
     )
+    # Queries that look like options, and one longer than a command line may be.
+    out["hostile"] = {
+        label: json.loads(
+            model_tools.handle_function_call("semantic_session_search", {"query": q, "limit": 3})
+        )
+        for label, q in [
+            ("dash", "-5 degrees celsius"),
+            ("help", "--help"),
+            ("option", "--index=/etc/passwd"),
+            ("long", "disk space " * 20000),
+        ]
+    }
     out["no_query"] = json.loads(model_tools.handle_function_call("semantic_session_search", {}))
     out["bad_limit"] = json.loads(
         model_tools.handle_function_call("semantic_session_search", {"query": "x", "limit": "many"})

@@ -1,0 +1,357 @@
+//! Session-level ranking: what each candidate session's passages, title and
+//! keyword hits say, turned into one order and a weak/strong verdict.
+//!
+//! A session is scored as a whole, not by one fragment: its best passage,
+//! its second best, and its title each count for its dense score. The dense,
+//! keyword and sparse orders of sessions are then fused by reciprocal rank,
+//! which needs no common scale between signals or models. Whether a result
+//! is weak is judged against this query's own spread of similarities over
+//! the index, never against an absolute cosine: models differ in where
+//! unrelated texts sit (MiniLM near 0, BGE-M3 near 0.4).
+//!
+//! Every constant of `Ranking::default()` was chosen on the dev half of the
+//! evaluation in `tests/hermes/eval/` and only scored on its test half
+//! (README, "Search quality").
+
+use super::Fusion;
+
+/// How sessions are scored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ranking {
+    /// Weight of a session's second-best passage beside its best (1).
+    pub second_passage: f32,
+    /// Weight of the similarity of the session's title.
+    pub title: f32,
+    /// Reciprocal rank fusion's constant, over session ranks.
+    pub rrf_k: f32,
+    /// Weight of the keyword order (the dense order weighs 1).
+    pub keyword: f32,
+    /// Weight of BGE-M3's sparse order.
+    pub sparse: f32,
+    /// A scheduled-job (`cron`) session's fused score is multiplied by this:
+    /// below an interactive one of the same evidence, never out of reach.
+    pub cron: f32,
+    /// A result without a keyword match is weak when its dense score stands
+    /// fewer than this many standard deviations above the crowd (the
+    /// sessions ranked 6 to 15): the deviation of the query's similarity to
+    /// the index's passages, those of its three best sessions left out.
+    pub weak_below: f32,
+}
+
+impl Default for Ranking {
+    fn default() -> Self {
+        Self {
+            second_passage: 0.3,
+            title: 0.3,
+            rrf_k: 10.0,
+            keyword: 1.0,
+            sparse: 0.5,
+            cron: 0.95,
+            weak_below: 6.5,
+        }
+    }
+}
+
+/// What the search found for one candidate session (a lineage).
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    /// Dense cosines of its candidate passages, best first; empty without a query vector.
+    pub passages: Vec<f32>,
+    /// Cosine of its title (the best of its lineage's), when embedded.
+    pub title: Option<f32>,
+    /// Position of its best passage in the keyword list (exact phrase hits first).
+    pub keyword_rank: Option<usize>,
+    /// Its best passage's BM25 score mapped to (0, 1).
+    pub keyword_score: Option<f32>,
+    /// Position of its best passage in the sparse list.
+    pub sparse_rank: Option<usize>,
+    /// The query matched it word for word: as a phrase, every one of its words, or its title.
+    pub keyword_match: bool,
+    pub cron: bool,
+}
+
+/// One session's standing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Standing {
+    pub fused: f32,
+    /// The session's dense score (best passage, second, title), when the query was embedded.
+    pub dense: Option<f32>,
+    pub weak: bool,
+}
+
+/// How the query's similarities spread over the rest of the index.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    pub std: f32,
+}
+
+/// Sessions whose passages are left out of the spread: they may be about
+/// the query, and in a small history they would widen it.
+const LEADERS: usize = 3;
+/// Fewest passages a spread is measured on.
+const MIN_SAMPLE: usize = 8;
+
+impl Spread {
+    /// The standard deviation of `sample` (chunk id, similarity) without
+    /// the passages of the `LEADERS` best sessions by dense score
+    /// (`passage_ids` per session, as `evidence`), as many of them as leave
+    /// `MIN_SAMPLE` passages; None for a smaller sample.
+    pub fn of(
+        sample: &[(i64, f32)],
+        evidence: &[Evidence],
+        passage_ids: &[Vec<i64>],
+        floor: f32,
+        r: &Ranking,
+    ) -> Option<Spread> {
+        let dense = dense_scores(evidence, floor, r);
+        let mut order: Vec<usize> = (0..evidence.len())
+            .filter(|i| dense[*i].is_some())
+            .collect();
+        order.sort_by(|a, b| dense[*b].unwrap().total_cmp(&dense[*a].unwrap()));
+        // Leaders are left out one by one while 8 passages remain.
+        let mut rest: Vec<(i64, f32)> = sample.to_vec();
+        for i in order.iter().take(LEADERS) {
+            let ids: std::collections::HashSet<i64> = passage_ids[*i].iter().copied().collect();
+            let fewer: Vec<(i64, f32)> = rest
+                .iter()
+                .copied()
+                .filter(|(id, _)| !ids.contains(id))
+                .collect();
+            if fewer.len() < MIN_SAMPLE {
+                break;
+            }
+            rest = fewer;
+        }
+        if rest.len() < MIN_SAMPLE {
+            return None;
+        }
+        let rest: Vec<f32> = rest.into_iter().map(|(_, s)| s).collect();
+        let mean = rest.iter().sum::<f32>() / rest.len() as f32;
+        let var = rest.iter().map(|s| (s - mean) * (s - mean)).sum::<f32>() / rest.len() as f32;
+        Some(Spread { std: var.sqrt() })
+    }
+}
+
+/// Each session's dense score: best passage, second best (at most `floor`
+/// when outside the candidate pool), title (the best passage's when none).
+fn dense_scores(evidence: &[Evidence], floor: f32, r: &Ranking) -> Vec<Option<f32>> {
+    evidence
+        .iter()
+        .map(|e| {
+            let best = *e.passages.first()?;
+            let second = e.passages.get(1).copied().unwrap_or(best.min(floor));
+            Some(best + r.second_passage * second + r.title * e.title.unwrap_or(best))
+        })
+        .collect()
+}
+
+/// Sessions ranked this far down (0-based, end excluded) make the crowd a
+/// strong result must stand out from.
+const CROWD: std::ops::Range<usize> = 5..15;
+
+/// Scores each session of `evidence`. `floor` is the lowest cosine the
+/// dense candidate pool admitted: a passage outside it scores at most that.
+pub fn standings(
+    evidence: &[Evidence],
+    floor: f32,
+    spread: Option<Spread>,
+    fusion: Fusion,
+    r: &Ranking,
+) -> Vec<Standing> {
+    let dense = dense_scores(evidence, floor, r);
+    let dense_rank = ranks(&dense, |a, b| b.total_cmp(a));
+    let keyword_rank = ranks(
+        &evidence.iter().map(|e| e.keyword_rank).collect::<Vec<_>>(),
+        |a, b| a.cmp(b),
+    );
+    let sparse_rank = ranks(
+        &evidence.iter().map(|e| e.sparse_rank).collect::<Vec<_>>(),
+        |a, b| a.cmp(b),
+    );
+    let crowd = crowd(&dense);
+    evidence
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let rrf = |rank: Option<usize>, weight: f32| {
+                rank.map_or(0.0, |rank| weight / (r.rrf_k + rank as f32 + 1.0))
+            };
+            let mut fused = match fusion {
+                Fusion::Rrf => {
+                    rrf(dense_rank[i], 1.0)
+                        + rrf(keyword_rank[i], r.keyword)
+                        + rrf(sparse_rank[i], r.sparse)
+                }
+                // openClaw's memorySearch: 0.7 × vector similarity + 0.3 × text score.
+                Fusion::Weighted => {
+                    0.7 * e.passages.first().copied().unwrap_or(0.0)
+                        + 0.3 * e.keyword_score.unwrap_or(0.0)
+                }
+            };
+            if e.cron {
+                fused *= r.cron;
+            }
+            let weak = match (dense[i], crowd, spread) {
+                (Some(d), Some(crowd), Some(spread)) if !e.keyword_match => {
+                    (d - crowd) / spread.std.max(f32::MIN_POSITIVE) < r.weak_below
+                }
+                _ => false,
+            };
+            Standing {
+                fused,
+                dense: dense[i],
+                weak,
+            }
+        })
+        .collect()
+}
+
+/// Each item's position among the `Some` values ordered by `order`; equal
+/// values share the first one's position.
+fn ranks<T: Copy>(
+    values: &[Option<T>],
+    order: impl Fn(&T, &T) -> std::cmp::Ordering,
+) -> Vec<Option<usize>> {
+    let mut present: Vec<(usize, T)> = values
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.map(|v| (i, v)))
+        .collect();
+    present.sort_by(|a, b| order(&a.1, &b.1).then(a.0.cmp(&b.0)));
+    let mut out = vec![None; values.len()];
+    let mut shared = 0;
+    for (rank, (i, v)) in present.iter().enumerate() {
+        if rank > 0 && order(&present[rank - 1].1, v).is_ne() {
+            shared = rank;
+        }
+        out[*i] = Some(shared);
+    }
+    out
+}
+
+/// The mean dense score of the sessions ranked in `CROWD`, or the lowest
+/// one's when there are fewer (a result must then stand out from all the others).
+fn crowd(dense: &[Option<f32>]) -> Option<f32> {
+    let mut scores: Vec<f32> = dense.iter().flatten().copied().collect();
+    scores.sort_by(|a, b| b.total_cmp(a));
+    if scores.len() <= CROWD.start {
+        return scores.last().copied();
+    }
+    let crowd = &scores[CROWD.start..CROWD.end.min(scores.len())];
+    Some(crowd.iter().sum::<f32>() / crowd.len() as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dense_only(best: f32) -> Evidence {
+        Evidence {
+            passages: vec![best],
+            ..Default::default()
+        }
+    }
+
+    /// `standings` with the defaults, by reciprocal rank.
+    fn rrf(evidence: &[Evidence], floor: f32, std: Option<f32>) -> Vec<Standing> {
+        let spread = std.map(|std| Spread { std });
+        standings(evidence, floor, spread, Fusion::Rrf, &Ranking::default())
+    }
+
+    #[test]
+    fn a_second_passage_and_the_title_lift_a_session() {
+        let mut lone = dense_only(0.60);
+        lone.title = Some(0.1);
+        let mut whole = dense_only(0.58);
+        whole.passages.push(0.55);
+        whole.title = Some(0.5);
+        let s = rrf(&[lone, whole], 0.2, None);
+        assert!(s[1].fused > s[0].fused, "{s:?}");
+    }
+
+    #[test]
+    fn keyword_hits_reach_the_top_and_are_never_weak() {
+        let mut evidence: Vec<Evidence> =
+            (0..20).map(|i| dense_only(0.5 - i as f32 * 0.01)).collect();
+        evidence[19].keyword_rank = Some(0);
+        evidence[19].keyword_match = true;
+        let s = rrf(&evidence, 0.1, Some(0.05));
+        let best = (0..20)
+            .max_by(|a, b| s[*a].fused.total_cmp(&s[*b].fused))
+            .unwrap();
+        assert_eq!(best, 19);
+        assert!(!s[19].weak);
+    }
+
+    #[test]
+    fn weak_is_relative_to_the_query_spread_not_to_a_cosine() {
+        // The same shape of scores at two cosine levels (MiniLM-like, BGE-M3-like).
+        for base in [0.05, 0.45] {
+            let mut flat: Vec<Evidence> = (0..20)
+                .map(|i| dense_only(base + 0.2 - i as f32 * 0.002))
+                .collect();
+            let s = rrf(&flat, base, Some(0.04));
+            assert!(
+                s.iter().all(|s| s.weak),
+                "nothing stands out at {base}: {s:?}"
+            );
+            flat[0].passages = vec![base + 0.5];
+            let s = rrf(&flat, base, Some(0.04));
+            assert!(!s[0].weak && s[1].weak, "one stands out at {base}: {s:?}");
+        }
+    }
+
+    #[test]
+    fn with_few_sessions_the_crowd_is_the_last() {
+        for n in 1..8 {
+            let evidence: Vec<Evidence> =
+                (0..n).map(|i| dense_only(0.3 - i as f32 * 0.001)).collect();
+            let s = rrf(&evidence, 0.0, Some(0.05));
+            assert!(
+                s.iter().all(|s| s.weak),
+                "{n} sessions of the same score: {s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_spread_leaves_the_best_sessions_out_while_it_can() {
+        let evidence: Vec<Evidence> = [0.9, 0.5, 0.4, 0.1]
+            .iter()
+            .map(|s| dense_only(*s))
+            .collect();
+        let ids: Vec<Vec<i64>> = (0..4).map(|i| vec![i]).collect();
+        // Eight unrelated passages (ids 10..) and the four sessions' own.
+        let mut sample: Vec<(i64, f32)> = (10..18)
+            .map(|i| (i, if i % 2 == 0 { 0.0 } else { 0.2 }))
+            .collect();
+        sample.extend([(0, 0.9), (1, 0.5), (2, 0.4), (3, 0.1)]);
+        let spread = Spread::of(&sample, &evidence, &ids, 0.0, &Ranking::default()).unwrap();
+        // Without sessions 0-2: the eight and session 3's passage.
+        let rest = [0.0, 0.2, 0.0, 0.2, 0.0, 0.2, 0.0, 0.2, 0.1];
+        let mean = rest.iter().sum::<f32>() / 9.0;
+        let std = (rest.iter().map(|s| (s - mean) * (s - mean)).sum::<f32>() / 9.0).sqrt();
+        assert!((spread.std - std).abs() < 1e-6, "{spread:?} vs {std}");
+        // With only eight passages in all, nobody is left out.
+        let small = &sample[4..];
+        assert!(Spread::of(small, &evidence, &ids, 0.0, &Ranking::default()).is_some());
+        assert!(Spread::of(&sample[5..], &evidence, &ids, 0.0, &Ranking::default()).is_none());
+    }
+
+    #[test]
+    fn cron_is_demoted_softly() {
+        let mut job = dense_only(0.7);
+        job.cron = true;
+        let chat = dense_only(0.3);
+        let s = rrf(&[job.clone(), chat], 0.1, None);
+        assert!(
+            s[0].fused > s[1].fused,
+            "a clearly better cron session still wins"
+        );
+        let s = rrf(&[job, dense_only(0.7)], 0.1, None);
+        assert!(
+            s[1].fused >= s[0].fused,
+            "a tie goes to the interactive session"
+        );
+    }
+}
