@@ -11,6 +11,9 @@ export RECALL_TEST_HERMES_PYTHON
 RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
 export RECALL_TEST_CLIENTS_PYTHON
 cargo test --all-targets "$@"
+# A bounded hostile-input run against `recall serve`: malformed requests on
+# every route, slow clients, oversized bodies (prints its report).
+python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --requests 2000
 # The encoder's kernels depend on the CPU, so check the others against the
 # same references too: the AVX2 tiles, f32 and q8 with its 7-bit weights
 # (CPUs without AVX-512, where the run above took the AVX-512 tiles), and

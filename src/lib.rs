@@ -21,6 +21,7 @@ pub mod score;
 pub mod search;
 pub mod serve;
 pub mod source;
+mod sqlite;
 pub mod tokenize;
 pub mod watch;
 

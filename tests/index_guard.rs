@@ -306,3 +306,94 @@ fn a_failed_first_run_leaves_no_index() {
         "an empty index was left behind: {err}"
     );
 }
+
+/// A tmpfs of `kib` KiB mounted at `dir` (the tests run as root, as CI does),
+/// unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, kib: usize) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "mounting a small tmpfs (to fill a disk) needs root: run the tests as root, as CI does"
+        );
+        Self(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_and_an_unwritable_directory_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    let full = tmp.path().join("full");
+    let _disk = Tmpfs::mount(&full, 256);
+    let index = full.join("index.db");
+    let (ok, _, err) = index_cli(&home, &["--index", index.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("no space left") && err.contains(full.to_str().unwrap()),
+        "{err}"
+    );
+
+    // A directory recall may not write to (as nobody: root may write anywhere).
+    let locked = tmp.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    chmod(tmp.path(), 0o755);
+    chmod(&locked, 0o555);
+    let index = locked.join("index.db");
+    let cache = tmp.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    chmod(&cache, 0o777);
+    let model = tiny_model_dir();
+    let (ok, _, err) = recall_without_root(
+        &[
+            "index",
+            "--hermes-home",
+            home.to_str().unwrap(),
+            "--index",
+            index.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+        ],
+        &cache,
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("is not writable") && err.contains(locked.to_str().unwrap()),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_index_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    // A Hermes database with no messages yet.
+    hermes_db(&["bulk", home.to_str().unwrap(), "0"]);
+    let (ok, out, err) = index_cli(&home, &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"messages\":0"), "{out}");
+    let (ok, _, err) = recall_cli(&[
+        "search",
+        "disk",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        tiny_model_dir().to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("is empty (no passages yet)"), "{err}");
+}

@@ -507,31 +507,39 @@ fn old_and_current_schemas_are_read_by_their_columns() {
 fn two_indexers_starting_on_a_new_index_both_finish_consistent() {
     let tmp = tempfile::tempdir().unwrap();
     let home = home_in(&tmp);
-    hermes_db(&["bulk", home.to_str().unwrap(), "300"]);
+    hermes_db(&["bulk", home.to_str().unwrap(), "1000"]);
     let model = tiny_model_dir();
     let runs: Vec<std::process::Child> = (0..2)
         .map(|_| {
             std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
-                .args(["index", "--hermes-home", home.to_str().unwrap()])
+                .args(["index", "--json", "--hermes-home", home.to_str().unwrap()])
                 .args(["--model", model.to_str().unwrap()])
                 .env(
                     "RECALL_CACHE_DIR",
                     std::env::temp_dir().join("recall-test-cache"),
                 )
-                .stdout(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
+    let mut embedded = Vec::new();
+    let mut waited = false;
     for run in runs {
         let out = run.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        waited |= err.contains("waiting for it");
+        let report: Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap();
+        embedded.push(report["embedded_messages"].as_u64().unwrap());
     }
+    // One embeds everything; the other waits for it and finds nothing left.
+    embedded.sort();
+    assert_eq!(embedded[0], 0, "the work was done twice: {embedded:?}");
+    assert!(waited, "the second run did not say it waited");
     assert_complete(&home, &["user", "assistant"]);
 }
 
@@ -612,4 +620,90 @@ fn rows_that_are_not_clean_text_never_stop_indexing() {
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("rsync") && out.contains("one more"), "{out}");
+    // What Hermes stored never reaches the terminal as control characters.
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+    assert!(out.contains("\\u{1b}]0;pwned"), "{out:?}");
+    let (ok, out, err) = recall_cli(&[
+        "search",
+        "rsync",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        tiny_model_dir().to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Odd \\u{1b}[2J"), "{out:?}");
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{0}'), "{out:?}");
+    // A window of any size is the whole session, never an overflow.
+    let (ok, out, err) = recall_cli(&[
+        "show",
+        "20260601_000000_0dd001",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--around",
+        &ids[1].to_string(),
+        "--window",
+        "18446744073709551615",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("session 20260601_000000_0dd001: messages 1–5 of 5"),
+        "{out}"
+    );
+    let (ok, out, _) = recall_cli(&[
+        "show",
+        "20260601_000000_0dd001",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--window",
+        "18446744073709551615",
+    ]);
+    assert!(ok && out.lines().count() == 6, "{out}");
+}
+
+#[test]
+fn a_read_only_backup_and_an_odd_path_are_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    chmod(tmp.path(), 0o755);
+    let home = tmp.path().join("home");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    // A copy of a live database (with its WAL, without its shared-memory
+    // file) in a read-only directory whose name has `?`, `#` and `%` in it:
+    // characters, not URI syntax.
+    let backup = tmp.path().join("we?ird#backup%20");
+    hermes_db(&[
+        "live-copy",
+        home.to_str().unwrap(),
+        backup.to_str().unwrap(),
+    ]);
+    let [wal, shm, _] = recall::index::guard::companions(&backup.join("state.db"));
+    assert!(wal.exists() && !shm.exists());
+    for f in ["state.db", "state.db-wal"] {
+        chmod(&backup.join(f), 0o644);
+    }
+    chmod(&backup, 0o555);
+    let before = sha256(&backup.join("state.db"));
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    chmod(&out_dir, 0o777);
+    let index_path = out_dir.join("index.db");
+    let (ok, out, err) = recall_without_root(
+        &[
+            "index",
+            "--json",
+            "--hermes-home",
+            backup.to_str().unwrap(),
+            "--index",
+            index_path.to_str().unwrap(),
+            "--model",
+            tiny_model_dir().to_str().unwrap(),
+        ],
+        &out_dir,
+    );
+    chmod(&backup, 0o755);
+    assert!(ok, "{err}");
+    assert!(err.contains("immutable") && err.contains("WAL"), "{err}");
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(report["messages"], 15, "{report}");
+    assert_eq!(sha256(&backup.join("state.db")), before);
 }

@@ -188,6 +188,18 @@ fn bad_queries_get_clear_answers() {
         let (ok, _, err) = recall_cli(&["search", syntax, "--hermes-home", h, "--model", m]);
         assert!(ok, "{syntax:?}: {err}");
     }
+    // Numbers that cannot be meant are refused by name.
+    for (flag, value, needle) in [
+        ("--half-life", "0", "--half-life"),
+        ("--half-life", "-3", "--half-life"),
+        ("--min-score", "nan", "--min-score"),
+        ("--mmr", "1.5", "--mmr"),
+        ("--limit", "0", "--limit"),
+    ] {
+        let arg = format!("{flag}={value}");
+        let (ok, _, err) = recall_cli(&["search", "disk", &arg, "--hermes-home", h, "--model", m]);
+        assert!(!ok && err.contains(needle), "{arg}: {err}");
+    }
     let (ok, _, err) = recall_cli(&[
         "search",
         "x",

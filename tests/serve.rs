@@ -306,6 +306,22 @@ fn bad_requests_get_clear_errors_in_the_clients_shape() {
     let (status, tei, _) = post(&server.url("/embed"), &json!({"inputs": long}));
     assert_eq!(status, 400);
     assert_eq!(tei["error_type"], "validation");
+
+    // The empty string has no embedding on any route (one rule, as OpenAI and TEI have it).
+    for (route, body) in [
+        ("/api/embed", json!({"input": ""})),
+        ("/api/embed", json!({"input": ["a", ""]})),
+        ("/api/embeddings", json!({"prompt": ""})),
+        ("/embed", json!({"inputs": ""})),
+        ("/embed_sparse", json!({"inputs": [""]})),
+    ] {
+        let (status, answer, _) = post(&server.url(route), &body);
+        assert_eq!(status, 400, "{route} {body}: {answer}");
+        assert!(
+            answer.to_string().contains("empty string"),
+            "{route}: {answer}"
+        );
+    }
 }
 
 #[test]
@@ -331,6 +347,15 @@ fn api_key_is_required_off_loopback_and_checked() {
     assert_eq!(status, 401);
     assert_eq!(answer["error"]["code"], "invalid_api_key");
     assert_eq!(post_with(&url, &body, Some("s3cret")).0, 200);
+    // The scheme is case-insensitive (RFC 9110).
+    for header in ["bearer s3cret", "BEARER s3cret", "Bearer  s3cret "] {
+        let response = agent()
+            .post(&url)
+            .header("Authorization", header)
+            .send_json(&body)
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{header:?}");
+    }
     assert_eq!(get(&server.url("/health")).0, 200);
     assert_eq!(get(&server.url("/info")).0, 401);
 }
@@ -665,4 +690,179 @@ fn many_concurrent_clients_are_all_answered_in_shared_passes() {
     println!("{ok} requests, {inputs} inputs in {passes} passes");
     // Requests of one to three inputs, yet passes of several: they were shared.
     assert!(inputs / passes > 3.0, "{inputs} inputs in {passes} passes");
+}
+
+/// Peak resident memory of a process, bytes (Linux).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// A client that sends its headers, then its body (declared `length` bytes)
+/// a byte every 200 ms; the status it got back, if any.
+fn trickler(addr: &str, path: &str, length: usize) -> std::thread::JoinHandle<Option<u16>> {
+    use std::io::{Read, Write};
+    let (addr, path) = (addr.to_string(), path.to_string());
+    std::thread::spawn(move || {
+        let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        write!(tcp, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n").unwrap();
+        let mut answer = Vec::new();
+        for _ in 0..100 {
+            if tcp.write_all(b" ").is_err() {
+                break;
+            }
+            let mut buf = [0u8; 4096];
+            match tcp.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    break;
+                }
+                Err(_) => {}
+            }
+        }
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        text.split_whitespace().nth(1).and_then(|s| s.parse().ok())
+    })
+}
+
+#[test]
+fn slow_and_large_clients_cannot_stall_the_server() {
+    let server = start(&[
+        "--max-concurrent-requests",
+        "8",
+        "--header-timeout",
+        "2",
+        "--body-timeout",
+        "2",
+    ]);
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let url = server.url("/v1/embeddings");
+    // Nine clients trickling their bodies, one more than the request slots.
+    let started = Instant::now();
+    let slow: Vec<_> = (0..9)
+        .map(|_| trickler(&addr, "/v1/embeddings", 1000))
+        .collect();
+    // One sending its headers a byte at a time.
+    let headers = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+            let start = Instant::now();
+            for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "
+                .iter()
+                .chain(b"y".repeat(200).iter())
+            {
+                if tcp.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 256];
+            let closed = matches!(tcp.read(&mut buf), Ok(0) | Err(_));
+            (closed, start.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // Meanwhile /health and real requests are answered at once.
+    let mut worst = Duration::ZERO;
+    for _ in 0..10 {
+        let t = Instant::now();
+        assert_eq!(get(&server.url("/health")).0, 200);
+        worst = worst.max(t.elapsed());
+        let (status, answer, _) = post(&url, &json!({"input": "a query while others trickle"}));
+        assert_eq!(status, 200, "{answer}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(worst < Duration::from_secs(1), "/health took {worst:?}");
+    for client in slow {
+        assert_eq!(
+            client.join().unwrap(),
+            Some(408),
+            "a trickling body is cut off"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let (closed, after) = headers.join().unwrap();
+    assert!(
+        closed && after < Duration::from_secs(8),
+        "slow headers: closed {closed} after {after:?}"
+    );
+
+    // Over-long inputs: two 15 MB texts at once, /health answering meanwhile.
+    let big = json!({"input": "ab ".repeat(5_000_000)});
+    let ollama = server.url("/api/embed");
+    std::thread::scope(|s| {
+        let both: Vec<_> = [&url, &ollama]
+            .into_iter()
+            .map(|u| {
+                let big = &big;
+                s.spawn(move || post(u, big).0)
+            })
+            .collect();
+        let mut worst = Duration::ZERO;
+        while both.iter().any(|h| !h.is_finished()) {
+            let t = Instant::now();
+            assert_eq!(get(&server.url("/health")).0, 200);
+            worst = worst.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let statuses: Vec<u16> = both.into_iter().map(|h| h.join().unwrap()).collect();
+        // OpenAI refuses an over-long input; Ollama cuts it.
+        assert_eq!(statuses, [400, 200]);
+        assert!(
+            worst < Duration::from_secs(1),
+            "/health took {worst:?} beside two 15 MB inputs"
+        );
+    });
+    let peak = peak_rss(server.child.id());
+    assert!(peak < 600 << 20, "peak RSS {} MiB", peak >> 20);
+
+    // The bytes in flight are bounded across requests: a 15 MB body being
+    // sent holds 15 MB of a 20 MB budget, so another is told to retry.
+    drop(server);
+    let server = start(&["--body-timeout", "2", "--max-inflight-bytes", "20000000"]);
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let ollama = server.url("/api/embed");
+    let holder = trickler(&addr, "/api/embed", 15_000_000);
+    std::thread::sleep(Duration::from_millis(300));
+    let answer = {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            tcp,
+            "POST /api/embed HTTP/1.1\r\nHost: x\r\nContent-Length: 15000000\r\n\r\n"
+        )
+        .unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tcp.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("--max-inflight-bytes"), "{answer}");
+    // A small request still fits beside the held 15 MB.
+    assert_eq!(post(&ollama, &json!({"input": "small"})).0, 200);
+    assert_eq!(
+        get(&server.url("/health")).0,
+        200,
+        "/health needs no budget"
+    );
+    assert_eq!(holder.join().unwrap(), Some(408));
+    let (status, _, _) = post(&ollama, &big);
+    assert_eq!(status, 200, "the budget is given back");
 }

@@ -147,6 +147,31 @@ fn damaged_or_foreign_code_files_are_rewritten() {
     assert_eq!(top_ids(&store, &queries[0], Strategy::Binary), want);
     assert_eq!(CodeFile::open(&store).unwrap().len(), 2_000);
 
+    // Random bytes over the records, the header intact: found by the
+    // checksum, and the file rewritten from the index.
+    let intact = std::fs::read(&codes).unwrap();
+    let mut damaged = intact.clone();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for b in &mut damaged[128..] {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *b = state as u8;
+    }
+    std::fs::write(&codes, &damaged).unwrap();
+    assert_eq!(top_ids(&store, &queries[0], Strategy::Binary), want);
+    assert_eq!(
+        std::fs::read(&codes).unwrap(),
+        intact,
+        "rewritten as it was"
+    );
+    // One flipped bit is found too.
+    let mut flipped = intact.clone();
+    flipped[128 + 8 * 136 + 3] ^= 0x10;
+    std::fs::write(&codes, &flipped).unwrap();
+    CodeFile::open(&store).unwrap();
+    assert_eq!(std::fs::read(&codes).unwrap(), intact);
+
     // Another index at the same path (same epoch, fewer chunks) does not reuse it.
     let old = std::fs::read(&codes).unwrap();
     drop(store);

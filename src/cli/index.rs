@@ -315,7 +315,7 @@ pub fn index_with(
         }
         Ok(())
     };
-    run().map_err(|e| Store::explain_damage(&index_path, e))
+    run().map_err(|e| Store::explain(&index_path, e))
 }
 
 #[derive(Args)]
@@ -329,7 +329,7 @@ pub struct StatsArgs {
 
 pub fn run_stats(args: StatsArgs) -> Result<()> {
     let path = args.hermes.index_path()?;
-    stats_of(&path, &args).map_err(|e| Store::explain_damage(&path, e))
+    stats_of(&path, &args).map_err(|e| Store::explain(&path, e))
 }
 
 fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {

@@ -79,7 +79,7 @@ enum VectorScan {
 
 pub fn run_search(args: SearchArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
-    search_in(&index_path, args).map_err(|e| Store::explain_damage(&index_path, e))
+    search_in(&index_path, args).map_err(|e| Store::explain(&index_path, e))
 }
 
 fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
@@ -161,7 +161,7 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
     }
     let color = std::io::stdout().is_terminal();
     for (i, hit) in hits.iter().enumerate() {
-        let title = hit.title.as_deref().unwrap_or("(untitled)");
+        let title = printable(hit.title.as_deref().unwrap_or("(untitled)"));
         println!(
             "{}. {title}  [{} · {} · score {:.3}{}]",
             i + 1,
@@ -175,10 +175,38 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
             hit.link, hit.match_message_id, hit.role
         );
         for s in std::iter::once(&hit.snippet).chain(&hit.snippets) {
-            println!("   {}", highlight(s, &args.query, color));
+            println!("   {}", highlight(&printable(s), &args.query, color));
         }
     }
     Ok(())
+}
+
+/// `text` with its control characters shown as escapes (`\u{1b}`), so that
+/// what Hermes stored can never move the cursor, recolour or clear the
+/// terminal it is printed on.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// `printable`, keeping line breaks and tabs.
+fn printable_lines(text: &str) -> String {
+    text.split('\n')
+        .map(|line| {
+            line.split('\t')
+                .map(printable)
+                .collect::<Vec<_>>()
+                .join("\t")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Query words in bold on a terminal.
@@ -243,14 +271,17 @@ pub fn run_show(args: ShowArgs) -> Result<()> {
     } else {
         0
     });
-    let end = (centre + args.window + 1).min(messages.len());
-    let end = if args.around.is_none() {
-        messages.len().min(start + 2 * args.window + 1)
+    let end = if args.around.is_some() {
+        centre.saturating_add(args.window).saturating_add(1)
     } else {
-        end
-    };
+        start
+            .saturating_add(args.window.saturating_mul(2))
+            .saturating_add(1)
+    }
+    .min(messages.len());
     println!(
-        "session {id}: messages {}–{} of {}",
+        "session {}: messages {}–{} of {}",
+        printable(&id),
         start + 1,
         end,
         messages.len()
@@ -261,8 +292,8 @@ pub fn run_show(args: ShowArgs) -> Result<()> {
             "{mark} [{}] {} {}: {}",
             m.id,
             search::rfc3339(m.timestamp),
-            m.role,
-            m.text
+            printable(&m.role),
+            printable_lines(&m.text)
         );
     }
     Ok(())

@@ -37,6 +37,16 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
     max_body_bytes: usize,
+    /// Request bodies held at once, in bytes, across all requests; beyond it
+    /// requests are answered 503 with Retry-After.
+    #[arg(long, default_value_t = 64 * 1024 * 1024, value_name = "BYTES")]
+    max_inflight_bytes: usize,
+    /// Seconds a client may take to send a request's headers before its connection is closed.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    header_timeout: u64,
+    /// Seconds a client may take to send a request's body; slower ones are answered 408.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    body_timeout: u64,
     /// Inputs in one request.
     #[arg(long, default_value_t = 2048, value_name = "N")]
     max_items: usize,
@@ -127,6 +137,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         api_key: args.api_key,
         served_model_name,
         max_body_bytes: args.max_body_bytes,
+        max_inflight_bytes: args.max_inflight_bytes,
+        header_timeout: std::time::Duration::from_secs(args.header_timeout.max(1)),
+        body_timeout: std::time::Duration::from_secs(args.body_timeout.max(1)),
         max_items: args.max_items,
         max_concurrent_requests: args.max_concurrent_requests,
         max_queue: args.max_queue,

@@ -174,17 +174,13 @@ fn header_application_id(header: &[u8]) -> i32 {
 
 /// Whether `e` says the database file itself is damaged (not locked, not missing).
 pub fn is_damage(e: &anyhow::Error) -> bool {
-    e.chain().any(|cause| {
-        cause
-            .downcast_ref::<rusqlite::Error>()
-            .and_then(rusqlite::Error::sqlite_error_code)
-            .is_some_and(|code| {
-                matches!(
-                    code,
-                    rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
-                )
-            })
-    })
+    crate::sqlite::failed_with(
+        e,
+        &[
+            rusqlite::ErrorCode::DatabaseCorrupt,
+            rusqlite::ErrorCode::NotADatabase,
+        ],
+    )
 }
 
 fn reason(e: &anyhow::Error) -> String {

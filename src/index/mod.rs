@@ -155,6 +155,7 @@ pub fn run(
     progress: ProgressFn,
 ) -> Result<Report> {
     let started = Instant::now();
+    let _one_at_a_time = RunLock::take(store.path())?;
     let local = chain.local();
     let chunker = match &local {
         Some(e) => Chunker::Tokens(e.tokenizer()),
@@ -299,6 +300,37 @@ pub fn run(
         0.0
     };
     Ok(report)
+}
+
+/// One indexing run per index at a time: two at once would each embed
+/// everything (the result correct, the work doubled). A second run waits
+/// for the first, then finds little left to do. An advisory lock on
+/// `<index>.indexing`, released when the run ends (or its process dies).
+struct RunLock {
+    _held: std::fs::File,
+}
+
+impl RunLock {
+    fn take(index: &Path) -> Result<Self> {
+        let mut path = index.as_os_str().to_os_string();
+        path.push(".indexing");
+        let path = std::path::PathBuf::from(path);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        if file.try_lock().is_err() {
+            tracing::info!(
+                "another recall is indexing into {}: waiting for it to finish",
+                index.display()
+            );
+            file.lock()
+                .with_context(|| format!("cannot lock {}", path.display()))?;
+        }
+        Ok(Self { _held: file })
+    }
 }
 
 /// Longest title embedded, in characters (Hermes caps its own at 100).

@@ -395,25 +395,30 @@ impl Store {
         Ok(Some((aside, why)))
     }
 
-    /// `err`, explained when it comes from damage to the index at `path`:
-    /// the message then names the index and the way out.
-    pub fn explain_damage(path: &Path, err: anyhow::Error) -> anyhow::Error {
-        if !guard::is_damage(&err) {
+    /// `err`, explained when it comes from the index at `path` being damaged
+    /// or its directory being full or not writable: the message then names
+    /// the cause, the path and the way out.
+    pub fn explain(path: &Path, err: anyhow::Error) -> anyhow::Error {
+        if guard::is_damage(&err) {
+            let damaged = match guard::inspect(path) {
+                Ok(guard::Found::Damaged(_)) => true,
+                Ok(guard::Found::Index { .. }) => matches!(guard::intact(path), Ok(Err(_))),
+                _ => false,
+            };
+            if damaged {
+                return err.context(format!(
+                    "the index {} is damaged; `recall index --rebuild` moves it aside and builds a new one",
+                    path.display()
+                ));
+            }
             return err;
         }
-        let damaged = match guard::inspect(path) {
-            Ok(guard::Found::Damaged(_)) => true,
-            Ok(guard::Found::Index { .. }) => matches!(guard::intact(path), Ok(Err(_))),
-            _ => false,
-        };
-        if damaged {
-            err.context(format!(
-                "the index {} is damaged; `recall index --rebuild` moves it aside and builds a new one",
-                path.display()
-            ))
-        } else {
-            err
+        if is_storage_error(&err)
+            && let Some(why) = path.parent().and_then(unwritable)
+        {
+            return err.context(format!("cannot write the index {}: {why}", path.display()));
         }
+        err
     }
 
     /// Opens an existing index for reading; a missing file is an error, not a new index.
@@ -748,9 +753,62 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// Whether the index holds no passage.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(!self
+            .conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM chunks)", [], |r| r.get(0))?)
+    }
+
     pub fn count(&self, sql: &str) -> Result<i64> {
         Ok(self.conn.query_row(sql, [], |r| r.get(0))?)
     }
+}
+
+/// Whether SQLite failed on the file system (full, read-only, cannot open
+/// or write), where the directory may say why.
+fn is_storage_error(e: &anyhow::Error) -> bool {
+    crate::sqlite::failed_with(
+        e,
+        &[
+            rusqlite::ErrorCode::DiskFull,
+            rusqlite::ErrorCode::SystemIoFailure,
+            rusqlite::ErrorCode::CannotOpen,
+            rusqlite::ErrorCode::ReadOnly,
+        ],
+    )
+}
+
+/// Why files cannot be written in `dir`, found by writing one: no space, or
+/// no permission (a read-only directory or file system). None when a write
+/// works.
+fn unwritable(dir: &Path) -> Option<String> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let describe = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+            format!("no space left on the device that holds {}", dir.display())
+        }
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+            format!("{} is not writable ({e})", dir.display())
+        }
+        std::io::ErrorKind::NotFound => format!("{} does not exist", dir.display()),
+        _ => format!("writing in {} fails: {e}", dir.display()),
+    };
+    let mut probe = match tempfile::Builder::new()
+        .prefix(".recall-probe")
+        .tempfile_in(dir)
+    {
+        Ok(f) => f,
+        Err(e) => return Some(describe(e)),
+    };
+    // Room for a page or two of SQLite's, synced so a full device says so now.
+    let written = std::io::Write::write_all(&mut probe, &[0u8; 64 * 1024])
+        .and_then(|()| probe.as_file().sync_all());
+    written.err().map(describe)
 }
 
 /// Tells this index file from any other, so that a file derived from an

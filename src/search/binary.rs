@@ -14,7 +14,9 @@
 //! chunk id it holds. Before a scan, new chunks (ids above that) are appended;
 //! any deletion since, a rebuild or another index file means a rewrite from
 //! `chunk_codes` into a temporary file renamed over the old one, so a reader
-//! that mapped the old file keeps a consistent view.
+//! that mapped the old file keeps a consistent view. The header also holds a
+//! checksum of the records, checked whenever the file is opened: bytes
+//! changed on disk mean a rewrite, never a scan over wrong codes.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -26,7 +28,7 @@ use rayon::prelude::*;
 
 use crate::index::store::{Store, code_bytes};
 
-const MAGIC: &[u8; 8] = b"RCLCODE1";
+const MAGIC: &[u8; 8] = b"RCLCODE2";
 const HEADER_BYTES: usize = 128;
 
 /// What the file holds, and which state of which index it was made from.
@@ -37,7 +39,12 @@ struct Header {
     dimension: u32,
     count: u64,
     max_id: i64,
+    /// `Checksum` of the records.
+    checksum: u64,
 }
+
+/// Where the header keeps the checksum.
+const CHECKSUM_AT: usize = HEADER_BYTES - 8;
 
 impl Header {
     fn encode(&self) -> [u8; HEADER_BYTES] {
@@ -49,9 +56,10 @@ impl Header {
         out[28..36].copy_from_slice(&self.max_id.to_le_bytes());
         let id = self.index_id.as_bytes();
         // Index ids are 32 hex digits; a longer one cannot match and is cut.
-        let n = id.len().min(HEADER_BYTES - 37);
+        let n = id.len().min(CHECKSUM_AT - 37);
         out[36] = n as u8;
         out[37..37 + n].copy_from_slice(&id[..n]);
+        out[CHECKSUM_AT..].copy_from_slice(&self.checksum.to_le_bytes());
         out
     }
 
@@ -66,7 +74,8 @@ impl Header {
             epoch: i64::from_le_bytes(word(12)),
             count: u64::from_le_bytes(word(20)),
             max_id: i64::from_le_bytes(word(28)),
-            index_id: String::from_utf8(b.get(37..37 + n)?.to_vec()).ok()?,
+            index_id: String::from_utf8(b.get(37..(37 + n).min(CHECKSUM_AT))?.to_vec()).ok()?,
+            checksum: u64::from_le_bytes(word(CHECKSUM_AT)),
         })
     }
 }
@@ -132,7 +141,13 @@ impl CodeFile {
                     && h.dimension == state.dimension
                     && len >= HEADER_BYTES as u64 + h.count * record as u64 =>
             {
-                if h.max_id < state.max_id {
+                if !records_intact(&path, &h, record)? {
+                    tracing::warn!(
+                        "{}: its records do not match their checksum (changed on disk): rewriting it from the index",
+                        path.display()
+                    );
+                    rewrite(store, &path, &state, record)?
+                } else if h.max_id < state.max_id {
                     append(store, &path, h, record)?
                 } else {
                     h
@@ -238,11 +253,84 @@ fn read_header(path: &Path) -> Option<(Header, u64)> {
     Some((Header::decode(&buf)?, file.metadata().ok()?.len()))
 }
 
-/// Writes the codes of chunks above `after` to `out`; returns how many and the last id.
+/// A checksum of records, folded in order: appending continues it from
+/// the previous value. Every 64-bit word is mixed in, so any changed byte
+/// changes it (almost surely); fast enough to run at every open (a
+/// multiply per word).
+#[derive(Clone, Copy)]
+struct Checksum(u64);
+
+impl Checksum {
+    const START: u64 = 0x243f_6a88_85a3_08d3;
+
+    fn update(&mut self, bytes: &[u8]) {
+        let mut h = self.0;
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            h = (h ^ u64::from_le_bytes(w.try_into().unwrap()))
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .rotate_left(31);
+        }
+        for b in words.remainder() {
+            h = (h ^ *b as u64)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .rotate_left(31);
+        }
+        self.0 = h;
+    }
+}
+
+/// Whether the records of the file at `path` still have `header`'s checksum.
+/// Checked once per process for each state of the file (its length, time
+/// and checksum): a server searching over and over reads it once.
+fn records_intact(path: &Path, header: &Header, record: usize) -> Result<bool> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    type Seen = (u64, Option<std::time::SystemTime>, u64);
+    static CHECKED: Mutex<Option<HashMap<PathBuf, Seen>>> = Mutex::new(None);
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let meta = file.metadata()?;
+    let seen: Seen = (meta.len(), meta.modified().ok(), header.checksum);
+    if CHECKED
+        .lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|c| c.get(path) == Some(&seen))
+    {
+        return Ok(true);
+    }
+    let intact = checksum_matches(&file, path, header, record)?;
+    if intact {
+        CHECKED
+            .lock()
+            .unwrap()
+            .get_or_insert_default()
+            .insert(path.to_path_buf(), seen);
+    }
+    Ok(intact)
+}
+
+fn checksum_matches(file: &File, path: &Path, header: &Header, record: usize) -> Result<bool> {
+    if header.count == 0 {
+        return Ok(header.checksum == Checksum::START);
+    }
+    let len = HEADER_BYTES + header.count as usize * record;
+    // SAFETY: read only; the records below `count` are never written again
+    // (see `open`), and a concurrent writer holds the lock we hold.
+    let map = unsafe { MmapOptions::new().len(len).map(file) }
+        .with_context(|| format!("cannot map {}", path.display()))?;
+    let mut sum = Checksum(Checksum::START);
+    sum.update(&map[HEADER_BYTES..]);
+    Ok(sum.0 == header.checksum)
+}
+
+/// Writes the codes of chunks above `after` to `out`, folding them into
+/// `sum`; returns how many and the last id.
 fn write_codes(
     store: &Store,
     after: i64,
     record: usize,
+    sum: &mut Checksum,
     out: &mut impl Write,
 ) -> Result<(u64, i64)> {
     let mut stmt = store
@@ -262,6 +350,8 @@ fn write_codes(
         }
         out.write_all(&id.to_le_bytes())?;
         out.write_all(code)?;
+        sum.update(&id.to_le_bytes());
+        sum.update(code);
         count += 1;
         last = id;
     }
@@ -273,13 +363,15 @@ fn rewrite(store: &Store, path: &Path, state: &IndexState, record: usize) -> Res
     let result = (|| -> Result<Header> {
         let mut out = BufWriter::new(File::create(&tmp)?);
         out.write_all(&[0u8; HEADER_BYTES])?;
-        let (count, max_id) = write_codes(store, i64::MIN, record, &mut out)?;
+        let mut sum = Checksum(Checksum::START);
+        let (count, max_id) = write_codes(store, i64::MIN, record, &mut sum, &mut out)?;
         let header = Header {
             index_id: state.index_id.clone(),
             epoch: state.epoch,
             dimension: state.dimension,
             count,
             max_id,
+            checksum: sum.0,
         };
         out.seek(SeekFrom::Start(0))?;
         out.write_all(&header.encode())?;
@@ -301,11 +393,13 @@ fn append(store: &Store, path: &Path, mut header: Header, record: usize) -> Resu
         file.set_len(end)?;
         file.seek(SeekFrom::Start(end))?;
         let mut out = BufWriter::new(&mut file);
-        let (added, last) = write_codes(store, header.max_id, record, &mut out)?;
+        let mut sum = Checksum(header.checksum);
+        let (added, last) = write_codes(store, header.max_id, record, &mut sum, &mut out)?;
         out.flush()?;
         drop(out);
         header.count += added;
         header.max_id = last;
+        header.checksum = sum.0;
         // The header goes last: a crash before this line leaves the old count.
         file.seek(SeekFrom::Start(0))?;
         file.write_all(&header.encode())?;
@@ -422,6 +516,7 @@ mod tests {
             dimension: 1024,
             count: 12,
             max_id: 99,
+            checksum: 0xdead_beef_0123_4567,
         };
         assert_eq!(Header::decode(&h.encode()), Some(h));
         assert_eq!(Header::decode(&[0u8; HEADER_BYTES]), None);

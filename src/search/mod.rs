@@ -190,6 +190,12 @@ pub fn search(
     let identity = store
         .identity()?
         .context("the index is empty: run `recall index` first")?;
+    if store.is_empty()? {
+        bail!(
+            "the index {} is empty (no passages yet): run `recall index`, or Hermes's history has no messages to index",
+            store.path().display()
+        );
+    }
     let pool = (options.limit * 40).clamp(100, 1000);
 
     let mut note = None;

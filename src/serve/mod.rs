@@ -55,6 +55,12 @@ pub struct ServeConfig {
     pub served_model_name: String,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
+    /// Request bodies held at once across requests, bytes; more get 503.
+    pub max_inflight_bytes: usize,
+    /// Time a client may take to send a request's headers (then the connection is closed).
+    pub header_timeout: Duration,
+    /// Time a client may take to send a request's body (then 408).
+    pub body_timeout: Duration,
     /// Inputs in one request.
     pub max_items: usize,
     /// Requests handled at once; more get 429.
@@ -78,8 +84,21 @@ impl ServeConfig {
                 self.host
             );
         }
-        if self.max_items == 0 || self.max_concurrent_requests == 0 || self.max_queue == 0 {
-            bail!("--max-items, --max-concurrent-requests and --max-queue must be at least 1");
+        if self.max_items == 0
+            || self.max_concurrent_requests == 0
+            || self.max_queue == 0
+            || self.max_body_bytes == 0
+        {
+            bail!(
+                "--max-items, --max-concurrent-requests, --max-queue and --max-body-bytes must be at least 1"
+            );
+        }
+        if self.max_inflight_bytes < self.max_body_bytes {
+            bail!(
+                "--max-inflight-bytes {} is less than --max-body-bytes {}: the largest body could never be taken",
+                self.max_inflight_bytes,
+                self.max_body_bytes
+            );
         }
         Ok(())
     }
@@ -109,6 +128,8 @@ pub struct AppState {
     /// Wakes the watcher (`POST /index`), when the server runs one.
     pub nudge: Option<crate::watch::Nudge>,
     requests: Arc<Semaphore>,
+    /// Request bodies in flight, in KiB.
+    inflight_kib: Arc<Semaphore>,
 }
 
 type Shared = Arc<AppState>;
@@ -164,6 +185,14 @@ impl ApiError {
         }
     }
 
+    /// A refusal under load, with `Retry-After: 1`.
+    pub fn retry(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::new(status, message)
+        }
+    }
+
     pub fn param(mut self, param: &'static str) -> Self {
         self.param = Some(param);
         self
@@ -214,11 +243,11 @@ impl From<BatchError> for ApiError {
             BatchError::QueueFull { .. } | BatchError::Closed => StatusCode::SERVICE_UNAVAILABLE,
             BatchError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let mut err = ApiError::new(status, e.to_string());
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            err.retry_after = Some(1);
+            ApiError::retry(status, e.to_string())
+        } else {
+            ApiError::new(status, e.to_string())
         }
-        err
     }
 }
 
@@ -319,21 +348,27 @@ impl AppState {
                 .collect::<Result<_, _>>()
                 .map_err(|e| e.param("input")),
             Inputs::Texts(texts) => {
+                // One rule on every route, as OpenAI's API and TEI have it.
+                if let Some(i) = texts.iter().position(|t| t.is_empty()) {
+                    return Err(ApiError::bad_request(format!(
+                        "input {i} is an empty string, which has no embedding"
+                    ))
+                    .param("input"));
+                }
                 let embedder = self.embedder.clone();
-                let (texts, tokens) = tokio::task::spawn_blocking(move || {
-                    let tokens = embedder.tokenize(&texts);
-                    (texts, tokens)
-                })
-                .await
-                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-                let tokens = tokens.map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+                let tokens =
+                    tokio::task::spawn_blocking(move || tokenize_within(&embedder, &texts, max))
+                        .await
+                        .map_err(|e| {
+                            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                        })?
+                        .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
                 if !truncate && let Some(i) = tokens.iter().position(|t| t.truncated) {
-                    let n = self
-                        .embedder
-                        .tokenizer()
-                        .count(&texts[i])
-                        .unwrap_or(max + 1);
-                    return Err(too_long(i, n, max).param("input"));
+                    return Err(ApiError::bad_request(format!(
+                        "input {i} has more tokens than this server's limit of {max} \
+                         (ask for truncation, or split the text)"
+                    ))
+                    .param("input"));
                 }
                 Ok(tokens)
             }
@@ -365,6 +400,49 @@ impl AppState {
     }
 }
 
+/// Bytes per token beyond which a text cannot fit `max` tokens whole: no
+/// tokenizer recall loads makes a token of more (a word longer than that is
+/// one unknown token in WordPiece, and pieces in SentencePiece are shorter).
+const MAX_BYTES_PER_TOKEN: usize = 64;
+
+/// `texts` tokenised and cut at `max` tokens, without tokenising more of a
+/// long text than can matter: a text longer than `max` ×
+/// `MAX_BYTES_PER_TOKEN` bytes is tokenised from its start up to a word
+/// boundary there, and only when that start does not fill `max` tokens (text
+/// of unusually long tokens) from end to end. A 15 MB body costs what its
+/// first tokens cost.
+fn tokenize_within(embedder: &Embedder, texts: &[String], max: usize) -> Result<Vec<Tokens>> {
+    let bound = max.saturating_mul(MAX_BYTES_PER_TOKEN);
+    let heads: Vec<&str> = texts.iter().map(|t| head(t, bound)).collect();
+    let mut tokens = embedder.tokenize(&heads)?;
+    for (i, (text, head)) in texts.iter().zip(&heads).enumerate() {
+        if head.len() < text.len() {
+            if tokens[i].truncated {
+                continue;
+            }
+            tokens[i] = embedder.tokenize(std::slice::from_ref(text))?.remove(0);
+        }
+    }
+    Ok(tokens)
+}
+
+/// The start of `text` up to about `bound` bytes, cut after whitespace when
+/// there is some in its last kilobyte, else at a character boundary.
+fn head(text: &str, bound: usize) -> &str {
+    if text.len() <= bound {
+        return text;
+    }
+    let mut end = bound;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let window = end.saturating_sub(1024);
+    match text[window..end].rfind(char::is_whitespace) {
+        Some(at) => &text[..window + at],
+        None => &text[..end],
+    }
+}
+
 fn too_long(i: usize, n: usize, max: usize) -> ApiError {
     ApiError::bad_request(format!(
         "input {i} has {n} tokens, more than this server's limit of {max} \
@@ -386,10 +464,7 @@ pub fn router(state: Shared) -> Router {
         .merge(ollama::routes())
         .merge(tei::routes())
         .merge(recall_api::routes())
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            limit_and_measure,
-        ))
+        .layer(middleware::from_fn_with_state(state.clone(), admit))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -402,12 +477,14 @@ async fn authorize(State(state): State<Shared>, request: Request, next: Next) ->
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
+    // The scheme is case-insensitive (RFC 9110, 11.1).
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, key)| key.trim());
     if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
         next.run(request).await
     } else {
@@ -420,7 +497,11 @@ async fn authorize(State(state): State<Shared>, request: Request, next: Next) ->
     }
 }
 
-async fn limit_and_measure(State(state): State<Shared>, request: Request, next: Next) -> Response {
+/// Admits a request and measures it: its body is read whole first, within
+/// the bytes-in-flight budget and the body timeout, so that a slow or large
+/// client holds no request slot while it sends; then a slot is taken.
+/// `/health` takes neither: it always answers.
+async fn admit(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let path = request.uri().path().to_string();
     let route = request
@@ -428,40 +509,95 @@ async fn limit_and_measure(State(state): State<Shared>, request: Request, next: 
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
-    let response = match state.requests.clone().try_acquire_owned() {
-        Ok(permit) => {
-            let response = next.run(request).await;
-            drop(permit);
-            response
-        }
-        Err(_) => {
-            let mut err = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "too many requests at once (limit {}): retry shortly",
-                    state.config.max_concurrent_requests
-                ),
-            );
-            err.retry_after = Some(1);
-            err.render(Dialect::of_path(&path))
-        }
-    };
-    let response = if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the request body is larger than this server's limit of {} bytes (--max-body-bytes)",
-                state.config.max_body_bytes
-            ),
-        )
-        .render(Dialect::of_path(&path))
-    } else {
-        response
+    let response = match admitted(&state, request, next, &path).await {
+        Ok(response) => response,
+        Err(e) => e.render(Dialect::of_path(&path)),
     };
     state
         .metrics
         .request(&route, response.status().as_u16(), started.elapsed());
     response
+}
+
+async fn admitted(
+    state: &AppState,
+    request: Request,
+    next: Next,
+    path: &str,
+) -> Result<Response, ApiError> {
+    let max_body = state.config.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than this server's limit of {max_body} bytes (--max-body-bytes)"
+            ),
+        )
+    };
+    if path == "/health" {
+        return Ok(next.run(request).await);
+    }
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max_body) {
+        return Err(too_large());
+    }
+    // A body of unknown length (chunked) may be as large as allowed.
+    let has_body = !matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let expected = declared.unwrap_or(if has_body { max_body } else { 0 });
+    let kib = expected.div_ceil(1024).max(1) as u32;
+    let _bytes = state
+        .inflight_kib
+        .clone()
+        .try_acquire_many_owned(kib)
+        .map_err(|_| {
+            ApiError::retry(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "too many request bytes in flight (limit {} bytes, --max-inflight-bytes): retry shortly",
+                    state.config.max_inflight_bytes
+                ),
+            )
+        })?;
+    let (parts, body) = request.into_parts();
+    let timeout = state.config.body_timeout;
+    let bytes = tokio::time::timeout(timeout, axum::body::to_bytes(body, max_body))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s (--body-timeout)",
+                    timeout.as_secs()
+                ),
+            )
+        })?
+        .map_err(|e| {
+            if std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+            {
+                too_large()
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {e}"))
+            }
+        })?;
+    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    let _slot = state.requests.clone().try_acquire_owned().map_err(|_| {
+        ApiError::retry(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many requests at once (limit {}): retry shortly",
+                state.config.max_concurrent_requests
+            ),
+        )
+    })?;
+    Ok(next.run(request).await)
 }
 
 /// Serves until SIGINT or SIGTERM, then finishes the requests in flight.
@@ -532,6 +668,12 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
     let local = listener.local_addr()?;
     let state = Arc::new(AppState {
         requests: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+        inflight_kib: Arc::new(Semaphore::new(
+            config
+                .max_inflight_bytes
+                .div_ceil(1024)
+                .min(Semaphore::MAX_PERMITS),
+        )),
         embedder,
         batcher,
         queries,
@@ -551,14 +693,7 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
     );
     // Tests and scripts read the address from this line.
     println!("listening on http://{local}");
-    // Replies go out at once: with Nagle's algorithm, a response written in two
-    // parts waits for the client's delayed ACK (~40 ms on loopback).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    accept(listener, router(state.clone()), state.config.header_timeout).await;
     state.batcher.close();
     state.queries.close();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -567,6 +702,46 @@ pub async fn serve(embedder: Embedder, config: ServeConfig, watch: Option<WatchJ
     }
     eprintln!("recall serve: stopped");
     Ok(())
+}
+
+/// Serves each connection of `listener` with `app` (HTTP/1.1) until SIGINT
+/// or SIGTERM, then waits for the requests in flight. A client that takes
+/// longer than `header_timeout` to send a request's headers is disconnected.
+async fn accept(listener: tokio::net::TcpListener, app: Router, header_timeout: Duration) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(shutdown_signal());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors and the like: pass, and take the next.
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        // Replies go out at once: with Nagle's algorithm, a response written in two
+        // parts waits for the client's delayed ACK (~40 ms on loopback).
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone().map_request(
+            |r: axum::http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new),
+        ));
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection: {e}");
+            }
+        });
+    }
+    graceful.shutdown().await;
 }
 
 async fn shutdown_signal() {

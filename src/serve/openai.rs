@@ -87,7 +87,7 @@ fn inputs(input: Value) -> Result<Inputs, ApiError> {
     };
     let token = |v: &Value| v.as_u64().and_then(|t| u32::try_from(t).ok());
     match input {
-        Value::String(s) => texts(vec![s]),
+        Value::String(s) => Ok(Inputs::Texts(vec![s])),
         Value::Array(items) if items.is_empty() => Err(bad("is an empty array")),
         Value::Array(items) => match &items[0] {
             Value::String(_) => items
@@ -97,7 +97,7 @@ fn inputs(input: Value) -> Result<Inputs, ApiError> {
                     _ => Err(bad("mixes strings with other values")),
                 })
                 .collect::<Result<Vec<_>, _>>()
-                .and_then(texts),
+                .map(Inputs::Texts),
             Value::Number(_) => items
                 .iter()
                 .map(|v| {
@@ -126,14 +126,4 @@ fn inputs(input: Value) -> Result<Inputs, ApiError> {
         Value::Null => Err(bad("is missing")),
         _ => Err(bad("has the wrong type")),
     }
-}
-
-fn texts(texts: Vec<String>) -> Result<Inputs, ApiError> {
-    if let Some(i) = texts.iter().position(|t| t.is_empty()) {
-        return Err(ApiError::bad_request(format!(
-            "input {i} is an empty string, which has no embedding"
-        ))
-        .param("input"));
-    }
-    Ok(Inputs::Texts(texts))
 }

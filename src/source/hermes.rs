@@ -1,7 +1,9 @@
 //! Reading Hermes Agent's `state.db`, read-only, whatever schema version it has.
 //!
 //! Hermes is the source of truth and keeps writing while recall reads, so:
-//! the file is opened with `mode=ro` (recall never writes to it), columns are
+//! the file is opened with `mode=ro` (recall never writes to it; in a
+//! read-only directory, where SQLite cannot make a WAL database's `-shm`,
+//! as an immutable file), columns are
 //! probed with `PRAGMA table_info` (v5 has no `active`/`compacted`/
 //! `display_kind`), and messages are read in pages, each its own short read
 //! transaction, so a DELETE-mode writer is never blocked for long and a WAL
@@ -174,6 +176,34 @@ impl Lenient {
     }
 }
 
+/// A SQLite URI for `path` with `query`, the path percent-encoded (a `?`,
+/// `#` or `%` in a directory name is a character, not syntax).
+fn file_uri(path: &Path, query: &str) -> String {
+    let mut uri = String::from("file:");
+    for b in path.as_os_str().as_encoded_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => {
+                uri.push(*b as char)
+            }
+            _ => uri.push_str(&format!("%{b:02X}")),
+        }
+    }
+    format!("{uri}?{query}")
+}
+
+/// Whether SQLite failed to open a file it needs beside the database (its
+/// `-shm`), rather than the database itself being unreadable.
+fn cannot_open_beside(e: &anyhow::Error) -> bool {
+    crate::sqlite::failed_with(
+        e,
+        &[
+            rusqlite::ErrorCode::CannotOpen,
+            rusqlite::ErrorCode::ReadOnly,
+            rusqlite::ErrorCode::SystemIoFailure,
+        ],
+    )
+}
+
 fn columns(conn: &Connection, table: &str) -> Result<HashSet<String>> {
     let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
     let cols = stmt
@@ -187,17 +217,49 @@ impl StateDb {
         if !path.is_file() {
             bail!("no Hermes database at {}", path.display());
         }
-        let uri = format!("file:{}?mode=ro", path.display());
-        let conn = Connection::open_with_flags(
-            uri,
-            OpenFlags::SQLITE_OPEN_READ_ONLY
-                | OpenFlags::SQLITE_OPEN_URI
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .with_context(|| format!("cannot open {} read-only", path.display()))?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        let has = columns(&conn, "messages")
-            .with_context(|| format!("{}: cannot read its schema", path.display()))?;
+        let open = |query: &str| -> Result<(Connection, HashSet<String>)> {
+            let conn = Connection::open_with_flags(
+                file_uri(path, query),
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_URI
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .with_context(|| format!("cannot open {} read-only", path.display()))?;
+            conn.busy_timeout(Duration::from_secs(5))?;
+            let has = columns(&conn, "messages")?;
+            Ok((conn, has))
+        };
+        let (conn, has) = match open("mode=ro") {
+            Ok(opened) => opened,
+            // A WAL database needs its shared-memory file beside it, which a
+            // reader cannot create in a read-only directory (a mounted
+            // backup): read the file as it is, without the WAL.
+            Err(e) if cannot_open_beside(&e) => {
+                let opened = open("mode=ro&immutable=1")
+                    .with_context(|| format!("{}: cannot read its schema", path.display()))?;
+                let mut wal = path.as_os_str().to_os_string();
+                wal.push("-wal");
+                let unread = std::fs::metadata(&wal).map_or(0, |m| m.len());
+                tracing::warn!(
+                    "{}: read as an immutable file: SQLite could not open its shared-memory file \
+                     beside it (a read-only directory?){}",
+                    path.display(),
+                    if unread > 0 {
+                        format!(
+                            "; the latest changes, in its WAL ({unread} bytes), are not read until \
+                             the file is checkpointed or the directory writable"
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+                opened
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("{}: cannot read its schema", path.display()));
+            }
+        };
         let session_cols = columns(&conn, "sessions")?;
         for needed in ["id", "session_id", "role", "content", "timestamp"] {
             if !has.contains(needed) {

@@ -273,3 +273,39 @@ pub fn index_in_process(chain: &recall::provider::Chain, home: &Path) -> recall:
     };
     recall::index::run(chain, &mut store, &profiles, &options, &|_, _, _, _| {}).unwrap()
 }
+
+/// Runs the `recall` binary so that directory permissions hold: as
+/// `nobody` when the tests run as root (who ignores them), else as is.
+pub fn recall_without_root(args: &[&str], cache: &Path) -> (bool, String, String) {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let mut command = if root {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_recall"));
+        c
+    } else {
+        std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
+    };
+    let out = command
+        .args(args)
+        .env("RECALL_CACHE_DIR", cache)
+        .env("HOME", cache)
+        .env_remove("RECALL_MODEL")
+        .env_remove("HERMES_HOME")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}

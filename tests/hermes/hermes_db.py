@@ -10,6 +10,8 @@ hermes_state.SessionDB), for recall's indexing tests. Prints JSON.
     hermes_db.py writer HOME SECONDS                 append for SECONDS; report lock errors
     hermes_db.py eval-create HOME CORPUS.json        the retrieval-evaluation history
     hermes_db.py hermes-search HOME QUERY...         Hermes's own session_search: ranked session ids per query
+    hermes_db.py live-copy HOME DEST                 a copy of HOME's state.db and its WAL taken while
+                                                     Hermes has it open (a backup of a live database)
     hermes_db.py odd-rows HOME                       a session whose rows hold what Hermes can store but is no
                                                      clean text: bytes content (through append_message), text
                                                      that is not UTF-8, a timestamp written as text
@@ -164,6 +166,18 @@ def eval_create(home: str, corpus: str) -> dict:
     return {"sessions": len(data["sessions"])}
 
 
+def live_copy(home: str, dest: str) -> dict:
+    import shutil
+
+    db = open_db(home)
+    mid = db.append_message("20260301_101500_aa0001", "user", "written just before the backup")
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    for name in ("state.db", "state.db-wal"):
+        shutil.copyfile(Path(home) / name, Path(dest) / name)
+    db.close()
+    return {"id": mid}
+
+
 def odd_rows(home: str) -> dict:
     import sqlite3
 
@@ -181,6 +195,9 @@ def odd_rows(home: str) -> dict:
     raw = sqlite3.connect(str(Path(home) / "state.db"))
     raw.execute("UPDATE messages SET content = CAST(X'6e6f7420c3a9c3a920ff7574662d38' AS TEXT) WHERE id = ?", (not_utf8,))
     raw.execute("UPDATE messages SET timestamp = 'yesterday' WHERE id = ?", (text_time,))
+    # Terminal escapes and a NUL in what `recall search` and `show` print.
+    raw.execute("UPDATE sessions SET title = ? WHERE id = ?", ("Odd \x1b[2J\x1b[31mrows\x00", sid))
+    raw.execute("UPDATE messages SET content = ? WHERE id = ?", ("after the odd rows, a clean message about rsync \x1b]0;pwned\x07", fine))
     raw.commit()
     raw.close()
     return {"session": sid, "ids": [as_bytes, not_utf8, text_time, fine]}
@@ -216,6 +233,8 @@ def main() -> None:
         out = bulk(home, int(rest[0]), mode)
     elif cmd == "eval-create":
         out = eval_create(home, rest[0])
+    elif cmd == "live-copy":
+        out = live_copy(home, rest[0])
     elif cmd == "odd-rows":
         out = odd_rows(home)
     elif cmd == "hermes-search":
