@@ -51,7 +51,7 @@ SCHEMA = {
                 "type": "string",
                 "description": "Only messages of these roles, comma-separated: user, assistant, tool.",
             },
-            "since": {"type": "string", "description": "Only messages at or after this time (YYYY-MM-DD[THH:MM], UTC)."},
+            "since": {"type": "string", "description": "Only messages at or after this time: YYYY-MM-DD[THH:MM] (UTC), an RFC 3339 time with an offset, or a time ago (7d, 12h, yesterday)."},
             "until": {"type": "string", "description": "Only messages at or before this time."},
             "source": {
                 "type": "string",

@@ -52,7 +52,8 @@ pub struct SearchArgs {
     /// Only sessions from these sources (comma-separated: cli, telegram, cron, ...).
     #[arg(long, value_delimiter = ',')]
     source: Vec<String>,
-    /// Only messages written at or after this time (YYYY-MM-DD[THH:MM], UTC, or Unix seconds).
+    /// Only messages written at or after this time: YYYY-MM-DD[THH:MM[:SS]] (UTC), an RFC 3339
+    /// time with an offset, Unix seconds, or a time ago (7d, 12h, 2 weeks, yesterday, today).
     #[arg(long)]
     since: Option<String>,
     /// Only messages written at or before this time.

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::Kind;
 use super::remote::{Api, floats};
 
-/// Volcano Ark's OpenAI-compatible endpoint (the seed guide used `/api/coding/v3`).
+/// Volcano Ark's OpenAI-compatible endpoint (the Volcano Ark guide used `/api/coding/v3`).
 pub const ARK_BASE: &str = "https://ark.cn-beijing.volces.com/api/v3";
 pub const OPENAI_BASE: &str = "https://api.openai.com/v1";
 

@@ -889,60 +889,63 @@ fn snippet(text: &str, query: &str) -> String {
 
 /// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn rfc3339(t: f64) -> String {
-    let secs = t.max(0.0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + (m <= 2) as i64;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let t = jiff::Timestamp::from_second(t.max(0.0) as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS]` (UTC), or Unix seconds, to Unix seconds.
+/// A time as people type it, to Unix seconds: `YYYY-MM-DD` (midnight UTC),
+/// `YYYY-MM-DDTHH:MM[:SS]` or with a space (UTC), an RFC 3339 time with an
+/// offset (`2026-03-01T10:15:00+02:00`, `…Z`), Unix seconds, or a time ago:
+/// `7d`, `12h`, `2 weeks`, `3 days ago`, `yesterday`, `today`, `now` (days
+/// from midnight UTC). Impossible dates (`2026-02-31`, hour 25) are refused.
 pub fn parse_time(s: &str) -> Result<f64> {
-    if let Ok(t) = s.parse::<f64>() {
+    use jiff::{Span, Timestamp, civil, tz::TimeZone};
+    let text = s.trim();
+    let now = Timestamp::now().to_zoned(TimeZone::UTC);
+    let midnight = |days_back: i64| -> Result<f64> {
+        let day = now.date().checked_sub(Span::new().days(days_back))?;
+        Ok(day.to_zoned(TimeZone::UTC)?.timestamp().as_second() as f64)
+    };
+    let lower = text.to_ascii_lowercase();
+    match lower.as_str() {
+        "now" => return Ok(now.timestamp().as_second() as f64),
+        "today" => return midnight(0),
+        "yesterday" => return midnight(1),
+        _ => {}
+    }
+    if let Ok(t) = text.parse::<f64>()
+        && t.is_finite()
+    {
         return Ok(t);
     }
-    let bad = || {
-        anyhow::anyhow!("{s:?} is not a date: use YYYY-MM-DD, YYYY-MM-DDTHH:MM, or Unix seconds")
-    };
-    let (date, time) = s.split_once(['T', ' ']).unwrap_or((s, "00:00:00"));
-    let d: Vec<i64> = date
-        .split('-')
-        .map(|p| p.parse().map_err(|_| bad()))
-        .collect::<Result<_>>()?;
-    let t: Vec<i64> = time
-        .trim_end_matches('Z')
-        .split(':')
-        .map(|p| p.parse().map_err(|_| bad()))
-        .collect::<Result<_>>()?;
-    let [y, m, day] = d[..] else {
-        return Err(bad());
-    };
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || t.is_empty() || t.len() > 3 {
-        return Err(bad());
+    if let Ok(t) = text.parse::<Timestamp>() {
+        return Ok(t.as_second() as f64);
     }
-    // Days-from-civil (Howard Hinnant's algorithm).
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = t[0] * 3600 + t.get(1).copied().unwrap_or(0) * 60 + t.get(2).copied().unwrap_or(0);
-    Ok((days * 86_400 + secs) as f64)
+    if let Ok(t) = text.parse::<civil::DateTime>() {
+        return Ok(t.to_zoned(TimeZone::UTC)?.timestamp().as_second() as f64);
+    }
+    if let Ok(d) = text.parse::<civil::Date>() {
+        return Ok(d.to_zoned(TimeZone::UTC)?.timestamp().as_second() as f64);
+    }
+    let ago = lower.strip_suffix("ago").unwrap_or(&lower).trim();
+    if let Ok(span) = ago.parse::<Span>()
+        && !span.is_negative()
+    {
+        return Ok(now.checked_sub(span)?.timestamp().as_second() as f64);
+    }
+    // A date of the right shape that is not in the calendar: say so.
+    if let Err(e) = text
+        .get(..10)
+        .filter(|d| d.len() == 10 && d.as_bytes()[4] == b'-')
+        .map_or(Ok(civil::Date::MIN), str::parse::<civil::Date>)
+    {
+        bail!("{s:?} is not a date: {e}");
+    }
+    bail!(
+        "{s:?} is not a time: use YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] (UTC), an RFC 3339 time with \
+         an offset (2026-03-01T10:15:00+02:00), Unix seconds, or a time ago (7d, 12h, 2 weeks, \
+         yesterday, today)"
+    )
 }
 
 #[cfg(test)]
@@ -953,9 +956,44 @@ mod tests {
     fn dates_round_trip() {
         let t = parse_time("2026-03-01T10:15:00").unwrap();
         assert_eq!(rfc3339(t), "2026-03-01T10:15:00Z");
+        assert_eq!(parse_time("2026-03-01 10:15").unwrap(), t);
+        assert_eq!(parse_time("2026-03-01T12:15:00+02:00").unwrap(), t);
+        assert_eq!(parse_time("2026-03-01T10:15:00Z").unwrap(), t);
         assert_eq!(parse_time("1970-01-02").unwrap(), 86_400.0);
-        assert!(parse_time("yesterday").is_err());
-        assert!(parse_time("2026-13-01").is_err());
+        assert_eq!(parse_time("1772360100").unwrap(), 1_772_360_100.0);
+        for impossible in [
+            "2026-02-31",
+            "2026-13-01",
+            "2026-03-01T99:00",
+            "2026-03-01T10:61",
+        ] {
+            let err = parse_time(impossible).unwrap_err().to_string();
+            assert!(err.contains(impossible), "{impossible}: {err}");
+        }
+        for nonsense in ["soon", "", "7 parsecs", "-3d"] {
+            assert!(parse_time(nonsense).is_err(), "{nonsense:?}");
+        }
+    }
+
+    #[test]
+    fn times_ago_count_back_from_now() {
+        let now = crate::index::unix_now();
+        let close = |s: &str, seconds_ago: f64| {
+            let t = parse_time(s).unwrap();
+            assert!(
+                (now - seconds_ago - t).abs() < 5.0,
+                "{s}: {t} vs {}",
+                now - seconds_ago
+            );
+        };
+        close("now", 0.0);
+        close("7d", 7.0 * 86_400.0);
+        close("12h", 12.0 * 3600.0);
+        close("3 days ago", 3.0 * 86_400.0);
+        close("2 weeks", 14.0 * 86_400.0);
+        let today = parse_time("today").unwrap();
+        assert!(now - today < 86_400.0 && today % 86_400.0 == 0.0);
+        assert_eq!(parse_time("yesterday").unwrap(), today - 86_400.0);
     }
 
     #[test]
