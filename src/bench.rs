@@ -20,7 +20,7 @@ pub struct Shape {
     pub tokens: usize,
 }
 
-/// The shapes the issue tracker and README report: a search query, short
+/// The shapes the issue tracker and docs/benchmarks.md report: a search query, short
 /// messages, long messages, one whole document.
 pub const DEFAULT_SHAPES: [Shape; 4] = [
     Shape {
@@ -252,7 +252,8 @@ pub fn synthetic_vector_index(
     dimension: usize,
     queries: usize,
 ) -> Result<(crate::index::store::Store, Vec<Vec<f32>>)> {
-    use crate::index::store::{ChunkRow, Identity, MessageRow, Store};
+    use crate::index::store::{ChunkRow, MessageRow, Store};
+    use crate::space::Identity;
     for suffix in ["", "-wal", "-shm", ".codes", ".codes.lock"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }

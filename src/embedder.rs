@@ -102,6 +102,9 @@ pub struct ModelInfo {
     pub normalize: bool,
     /// The encoder's weights as loaded.
     pub dtype: Dtype,
+    /// For q8: how close its vectors came to f32's on this model
+    /// (`crate::calibrate`).
+    pub q8_fidelity: Option<crate::calibrate::Fidelity>,
     pub load_time: Duration,
     /// The checkpoint was converted to safetensors during this load.
     pub converted: bool,
@@ -151,21 +154,33 @@ impl Embedder {
             None => crate::model::locate::recall_cache_dir()?,
         };
         let (weights_path, converted) = files.safetensors_weights(&cache_dir, |_, _| {})?;
+        // FlagEmbedding pools BGE-M3 by `<s>` and normalises, whatever modules.json says.
+        let (pooling, normalize) = match files.heads {
+            Some(_) => (Pooling::Cls, true),
+            None => (files.sentence.pooling, files.sentence.normalize),
+        };
+        // q8 is checked against f32 on this very model (once per weights file).
+        let check = match options.dtype {
+            Dtype::Q8 if options.device.is_cpu() => Some(crate::calibrate::Check::prepare(
+                &files.encoder,
+                &weights_path,
+                &cache_dir,
+                &tokenizer,
+                pooling,
+            )?),
+            _ => None,
+        };
         let mut weights = Weights::open(&weights_path)?;
         let encoder = Encoder::load(&files.encoder, &mut weights, &options.device, options.dtype)
             .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
         drop(weights);
+        let q8_fidelity = check.map(|c| c.finish(&encoder)).transpose()?;
         let hidden = files.encoder.hidden_size;
         let heads = match &files.heads {
             Some((colbert, sparse)) => {
                 Some(M3Heads::load(colbert, sparse, hidden, &options.device)?)
             }
             None => None,
-        };
-        // FlagEmbedding pools BGE-M3 by `<s>` and normalises, whatever modules.json says.
-        let (pooling, normalize) = match heads {
-            Some(_) => (Pooling::Cls, true),
-            None => (files.sentence.pooling, files.sentence.normalize),
         };
         let info = ModelInfo {
             dir: dir.to_path_buf(),
@@ -180,6 +195,7 @@ impl Embedder {
             pooling,
             normalize,
             dtype: options.dtype,
+            q8_fidelity,
             load_time: started.elapsed(),
             converted,
         };
@@ -194,6 +210,11 @@ impl Embedder {
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// The device the model was loaded on (CPU for q8, whatever the build).
+    pub fn device(&self) -> &candle_core::Device {
+        self.encoder.device()
     }
 
     pub fn tokenizer(&self) -> &TextTokenizer {

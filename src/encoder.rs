@@ -301,6 +301,11 @@ fn layer_norm(w: &Weights, name: &str, size: usize, eps: f64, dev: &Device) -> R
 }
 
 impl Encoder {
+    /// Where the weights were loaded.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn load(
         config: &EncoderConfig,
         weights: &mut Weights,
@@ -312,7 +317,8 @@ impl Encoder {
         }
         if dtype == Dtype::Q8 && crate::quant::Kernel::get() == crate::quant::Kernel::Portable {
             tracing::warn!(
-                "--dtype q8: this CPU has neither AVX-512 VNNI nor AVX2, so int8 runs a portable                  loop, much slower than f32"
+                "--dtype q8: this CPU has neither AVX-512 VNNI nor AVX2, so int8 runs a portable \
+                 loop, much slower than f32"
             );
         }
         weights.detect_prefix(WORD_EMBEDDINGS)?;

@@ -34,6 +34,37 @@ pub struct PluginSettings {
     pub profile: String,
     /// A model directory to pass as `--model` (None: recall's own default).
     pub model: Option<PathBuf>,
+    /// `--dtype` for every recall the plugin or the service runs (None: f32),
+    /// so that they embed as the index was built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// `--provider`, as install was given it (empty: the configured chain).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<String>,
+    /// `--config`, as install was given it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
+}
+
+impl PluginSettings {
+    /// The options that choose how recall embeds: what install was told,
+    /// for every recall the plugin or the service runs.
+    pub fn engine_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(model) = &self.model {
+            args.extend(["--model".into(), model.display().to_string()]);
+        }
+        if let Some(dtype) = &self.dtype {
+            args.extend(["--dtype".into(), dtype.clone()]);
+        }
+        if !self.providers.is_empty() {
+            args.extend(["--provider".into(), self.providers.join(",")]);
+        }
+        if let Some(config) = &self.config {
+            args.extend(["--config".into(), config.display().to_string()]);
+        }
+        args
+    }
 }
 
 /// How the plugin was enabled, to undo exactly that.

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod calibrate;
 pub mod embedder;
 pub mod encoder;
 mod fused;
@@ -15,12 +16,14 @@ pub mod index;
 #[doc(hidden)]
 pub mod matmul;
 pub mod model;
+pub mod paths;
 pub mod provider;
 pub mod quant;
 pub mod score;
 pub mod search;
 pub mod serve;
 pub mod source;
+pub mod space;
 mod sqlite;
 pub mod tokenize;
 pub mod watch;

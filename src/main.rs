@@ -4,8 +4,6 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 // candle allocates a fresh buffer for every op's output; glibc serves large
 // ones with new mmaps, whose pages the kernel must zero on first touch.
 // mimalloc reuses freed memory instead.
@@ -13,14 +11,17 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = cli::parse();
+    cli::style::init(args.color);
     let filter = tracing_subscriber::EnvFilter::try_from_env("RECALL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("recall=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.log_filter()));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
+        .with_ansi(cli::style::stderr())
         .without_time()
         .init();
+    let json = cli::wants_json();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -31,12 +32,24 @@ fn main() -> ExitCode {
             {
                 return ExitCode::SUCCESS;
             }
-            if let Some(paused) = err.downcast_ref::<cli::Paused>() {
-                eprintln!("{paused}");
-                return ExitCode::from(75);
+            let paused = err.downcast_ref::<cli::Paused>().is_some();
+            let code: u8 = if paused { 75 } else { 1 };
+            if json {
+                // One object on standard error, with a stable `error` field.
+                eprintln!(
+                    "{}",
+                    serde_json::json!({
+                        "error": format!("{err:#}"),
+                        "paused": paused,
+                        "exit_code": code,
+                    })
+                );
+            } else if paused {
+                eprintln!("{err}");
+            } else {
+                eprintln!("error: {err:#}");
             }
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(code)
         }
     }
 }

@@ -27,19 +27,12 @@
 use rayon::prelude::*;
 
 /// Whether this CPU has AVX2 and FMA (checked once).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn cpu_has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
 }
 
 /// Rows of `padded` (`np` wide, whole panels) cut to their first `n`
@@ -123,6 +116,7 @@ impl Prefetch {
 }
 
 /// Tile steps (input positions) between prefetches.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH_RUN: usize = 16;
 
 /// Which tile `PackedLinear` runs.
@@ -183,6 +177,9 @@ pub fn packed_available() -> bool {
 pub struct PackedLinear {
     n: usize,
     k: usize,
+    // Read by the x86 tiles only; elsewhere `PackedKernel::get` finds none
+    // and no PackedLinear is built.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kernel: PackedKernel,
     /// `[panels][blocks][strips][depth][strip]`, zero past `n`.
     packed: Vec<f32>,
@@ -310,6 +307,9 @@ impl PackedLinear {
                             PackedKernel::Avx2 => tile_avx2(&tile),
                         }
                     }
+                    // No tile elsewhere, where no PackedLinear is built.
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = tile;
                 }
             }
         });
@@ -484,6 +484,7 @@ mod tests {
 
     /// The packed tiles this CPU runs, whichever the encoder picked.
     fn kernels() -> Vec<PackedKernel> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut kernels = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {

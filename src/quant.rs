@@ -834,7 +834,8 @@ pub(crate) mod tests {
 
     #[test]
     fn symmetric_rows_are_the_same_bytes_with_vector_loops() {
-        let mut kernels = Vec::new();
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let mut kernels: Vec<Kernel> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {

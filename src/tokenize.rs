@@ -107,3 +107,27 @@ impl TextTokenizer {
         Ok(self.spans(text)?.len() + self.added)
     }
 }
+
+/// A rough token count for providers whose tokenizer recall lacks: CJK
+/// characters count one each, other text one per three characters (more
+/// than real tokenizers give, so chunks stay under the window).
+pub fn estimate_tokens(text: &str) -> usize {
+    let mut tokens = 0usize;
+    let mut other = 0usize;
+    for c in text.chars() {
+        if is_cjk(c) {
+            tokens += 1;
+        } else if !c.is_whitespace() {
+            other += 1;
+        }
+    }
+    tokens + other.div_ceil(3) + 2
+}
+
+/// Whether `c` is a CJK character (Hangul, CJK ideographs and symbols,
+/// full-width forms), which tokenizers count about one token each.
+pub fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x1100..=0x11FF | 0x2E80..=0x9FFF | 0xA960..=0xA97F | 0xAC00..=0xD7FF
+        | 0xF900..=0xFAFF | 0xFF00..=0xFFEF | 0x20000..=0x3FFFF)
+}

@@ -137,7 +137,7 @@ impl Ranker {
     }
 }
 
-/// A row of the README's table: hit@5 / MRR@10 per kind.
+/// A row of docs/search.md's table: hit@5 / MRR@10 per kind.
 fn row(name: &str, corpus: &Corpus, answers: &Answers) -> String {
     let mut cells = vec![name.to_string()];
     for kinds in [

@@ -204,50 +204,95 @@ fn install_with_the_hermes_command_and_a_running_server() {
     assert!(ok && status.contains("not installed"), "{status}");
 }
 
+/// `recall hermes ARGS` with service files under CONFIG_HOME and no
+/// `systemctl`/`launchctl` on PATH; it must succeed. Its standard output.
+fn hermes_with_service(config_home: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .arg("hermes")
+        .args(args)
+        .env("XDG_CONFIG_HOME", config_home)
+        .env("PATH", "/nonexistent")
+        .env(
+            "RECALL_CACHE_DIR",
+            std::env::temp_dir().join("recall-test-cache"),
+        )
+        .env_remove("RECALL_DTYPE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "recall hermes {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn service_file_runs_serve_with_watch() {
     let (tmp, home) = history();
     let config_home = tmp.path().join("xdg");
     let model = minilm_dir();
-    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args([
-            "hermes",
+    let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
+    let out = hermes_with_service(
+        &config_home,
+        &[
             "install",
             "--no-index",
             "--no-hermes-command",
             "--service",
-        ])
-        .args([
             "--hermes-home",
-            home.to_str().unwrap(),
+            home_s,
             "--model",
-            model.to_str().unwrap(),
-        ])
-        .env("XDG_CONFIG_HOME", &config_home)
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            model_s,
+        ],
     );
     let unit = config_home.join("systemd/user/recall-watch.service");
     let text = std::fs::read_to_string(&unit).unwrap();
-    assert!(text.contains(" serve --watch --hermes-home "), "{text}");
-    assert!(text.contains("--model "), "{text}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("systemctl --user"));
-    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args([
-            "hermes",
-            "uninstall",
+    assert!(
+        text.contains(" \"serve\" \"--watch\" \"--hermes-home\" "),
+        "{text}"
+    );
+    assert!(text.contains("\"--model\" "), "{text}");
+    assert!(out.contains("systemctl --user"), "{out}");
+    hermes_with_service(&config_home, &["uninstall", "--hermes-home", home_s]);
+    assert!(!unit.exists());
+}
+
+/// What install was told about the engine (`--dtype q8`) reaches the
+/// plugin's fallback and the service: both then use the q8 index install
+/// built, instead of refusing it as another model.
+#[test]
+fn q8_reaches_the_plugin_and_the_service() {
+    let (tmp, home) = history();
+    let config_home = tmp.path().join("xdg");
+    let model = minilm_dir();
+    let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
+    hermes_with_service(
+        &config_home,
+        &[
+            "install",
+            "--no-hermes-command",
+            "--service",
+            "--server",
+            "http://127.0.0.1:9",
+            "--dtype",
+            "q8",
             "--hermes-home",
-            home.to_str().unwrap(),
-        ])
-        .env("XDG_CONFIG_HOME", &config_home)
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+            home_s,
+            "--model",
+            model_s,
+        ],
+    );
+    let settings: Value = serde_json::from_str(
+        &std::fs::read_to_string(home.join("plugins/recall/recall.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(settings["dtype"], "q8", "{settings}");
+    let unit = config_home.join("systemd/user/recall-watch.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(text.contains("\"--dtype\" \"q8\""), "{text}");
+    // The tool, through the binary, searches the q8 index install built.
+    assert_tool_answers(&hermes_sees(&home), "recall binary");
+    hermes_with_service(&config_home, &["uninstall", "--hermes-home", home_s]);
     assert!(!unit.exists());
 }

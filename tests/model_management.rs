@@ -249,8 +249,41 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     assert!(ok, "{out}{err}");
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok")).count(),
-        FILES.len()
+        FILES.len() + 1,
+        "{out}"
     );
+    assert!(out.contains("(the converted copy that runs)"), "{out}");
+
+    // The converted copy is what runs: a changed byte in it is found, and
+    // the copy made again from the checkpoint.
+    let copy = std::fs::read_dir(m.root.join("recall/converted"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("model.safetensors");
+    let mut bytes = std::fs::read(&copy).unwrap();
+    let at = bytes.len() - 1000;
+    bytes[at] ^= 0x40;
+    std::fs::write(&copy, bytes).unwrap();
+    let (ok, out, err) = m.recall(&["model", "verify"], &[]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("WRONG") && out.contains("converted again"),
+        "{out}"
+    );
+    assert_eq!(m.dense(&[("HF_HUB_OFFLINE", "1")]), dense);
+    // A copy cut short is not used at start: it is converted again.
+    let len = std::fs::metadata(&copy).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_len(len - 10)
+        .unwrap();
+    assert_eq!(m.dense(&[("HF_HUB_OFFLINE", "1")]), dense);
+    assert_eq!(std::fs::metadata(&copy).unwrap().len(), len);
 
     let (ok, out, err) = m.recall(&["model", "list"], &[]);
     assert!(ok, "{err}");
@@ -259,6 +292,23 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
         "the default is marked: {out}"
     );
     assert!(out.contains("32 dims, dense+sparse+colbert"), "{out}");
+    let (ok, out, err) = m.recall(&["model", "list", "--json"], &[]);
+    assert!(ok, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(listed["revision"], COMMIT, "{listed}");
+    assert_eq!(listed["default"], true, "{listed}");
+    assert_eq!(
+        listed["outputs"],
+        serde_json::json!(["dense", "sparse", "colbert"])
+    );
+    let (ok, out, err) = m.recall(&["model", "info", "--json"], &[]);
+    assert!(ok, "{err}");
+    let info: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (info["revision"].as_str(), info["dimension"].as_u64()),
+        (Some(COMMIT), Some(32))
+    );
+    assert_eq!(info["max_length"], 256, "{info}");
     let (ok, out, err) = m.recall(&["model", "info"], &[]);
     assert!(ok, "{err}");
     for line in [
@@ -278,6 +328,25 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     assert!(!ok);
     assert!(out.contains("WRONG sparse_linear.pt: SHA-256"), "{out}");
     assert!(err.contains("1 of 9 files are wrong"), "{err}");
+    // The same as JSON: every file with its problem (null when it matches),
+    // and the error as one JSON object on standard error.
+    let (ok, out, err) = m.recall(&["model", "verify", "--json"], &[]);
+    assert!(!ok);
+    let verdict: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let files = verdict["files"].as_array().unwrap();
+    assert_eq!(files.len(), 9, "{verdict}");
+    let wrong: Vec<_> = files.iter().filter(|f| !f["problem"].is_null()).collect();
+    assert_eq!(wrong.len(), 1, "{verdict}");
+    assert_eq!(wrong[0]["path"], "sparse_linear.pt");
+    let error: serde_json::Value = serde_json::from_str(err.trim()).unwrap();
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 9 files are wrong"),
+        "{error}"
+    );
+    assert_eq!(error["exit_code"], 1);
 }
 
 #[test]

@@ -28,9 +28,10 @@ fn hermes_home() -> (tempfile::TempDir, PathBuf) {
     (dir, home)
 }
 
-/// `recall serve` with the tiny model, named as Ollama would name it.
+/// `recall serve` with the tiny model, which has BGE-M3's heads: served as
+/// `bge-m3`, the family recall's own engine gives it too.
 fn server() -> Server {
-    Server::start(&tiny_model_dir(), &["--served-model-name", "tiny-bge-m3"])
+    Server::start(&tiny_model_dir(), &[])
 }
 
 /// Writes `toml` to a config file in `dir`.
@@ -379,11 +380,11 @@ fn ollama_and_openai_providers_give_the_engines_vectors() {
 chain = ["ollama", "me"]
 [providers.ollama]
 base_url = "{0}"
-model = "tiny-bge-m3"
+model = "bge-m3"
 [providers.me]
 type = "openai"
 base_url = "{0}/v1"
-model = "tiny-bge-m3"
+model = "bge-m3"
 "#,
             serve.base
         ),
@@ -397,7 +398,7 @@ model = "tiny-bge-m3"
     let local = embedder.embed(&texts, recall::Outputs::DENSE).unwrap();
     for p in chain.providers() {
         let identity = p.identity().unwrap();
-        assert_eq!(identity.space().family, "tiny-bge-m3", "{}", p.name());
+        assert_eq!(identity.space().family, "bge-m3", "{}", p.name());
         assert_eq!(identity.dimension, 32);
         let inputs: Vec<Input> = texts
             .iter()
@@ -462,7 +463,7 @@ chain = ["flaky"]
 [providers.flaky]
 type = "ollama"
 base_url = "{}"
-model = "tiny-bge-m3"
+model = "bge-m3"
 batch_size = 8
 retries = 12
 max_backoff_secs = 0.5
@@ -554,7 +555,7 @@ fn a_dead_provider_is_not_hammered() {
 [providers.dead]
 type = "openai"
 base_url = "{}/v1"
-model = "tiny-bge-m3"
+model = "bge-m3"
 retries = 20
 backoff_ms = 1
 breaker_failures = 3
@@ -608,7 +609,7 @@ impl Provider for FailingLocal {
     fn describe(&self) -> String {
         "the tiny model, failing".into()
     }
-    fn identity(&self) -> anyhow::Result<recall::index::store::Identity> {
+    fn identity(&self) -> anyhow::Result<recall::space::Identity> {
         self.inner.identity()
     }
     fn embed(&self, inputs: &[Input], sparse: bool) -> anyhow::Result<Vec<Vector>> {
@@ -629,7 +630,7 @@ fn falls_back_from_local_to_ollama_mid_index() {
     let config = config_file(
         dir.path(),
         &format!(
-            "[providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\n",
+            "[providers.ollama]\nbase_url = \"{}\"\nmodel = \"bge-m3\"\n",
             serve.base
         ),
     );
@@ -758,7 +759,7 @@ fn search_is_keyword_only_while_no_provider_is_up() {
     let config = config_file(
         dir.path(),
         &format!(
-            "[providers.local]\nmodel = \"{}\"\n[providers.ollama]\nbase_url = \"http://127.0.0.1:{dead_port}\"\nmodel = \"tiny-bge-m3\"\nretries = 0\n",
+            "[providers.local]\nmodel = \"{}\"\n[providers.ollama]\nbase_url = \"http://127.0.0.1:{dead_port}\"\nmodel = \"bge-m3\"\nretries = 0\n",
             tiny_model_dir().display()
         ),
     );
@@ -849,7 +850,7 @@ fn openai_answers_out_of_order_or_wrong_are_never_stored() {
 [providers.remote]
 type = "openai"
 base_url = "{}/v1"
-model = "tiny-bge-m3"
+model = "bge-m3"
 batch_size = 4
 concurrency = 2
 retries = 6
@@ -885,7 +886,7 @@ fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
     let config = config_file(
         dir.path(),
         &format!(
-            "[providers.local]\nmodel = \"{}\"\n[providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\nbackoff_ms = 1\n",
+            "[providers.local]\nmodel = \"{}\"\n[providers.ollama]\nbase_url = \"{}\"\nmodel = \"bge-m3\"\nbackoff_ms = 1\n",
             tiny_model_dir().display(),
             proxy.base
         ),
@@ -935,7 +936,7 @@ fn a_message_the_provider_refuses_is_left_out_and_the_rest_indexed() {
     let config = config_file(
         dir.path(),
         &format!(
-            "[providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\nbreaker_failures = 3\n",
+            "[providers.ollama]\nbase_url = \"{}\"\nmodel = \"bge-m3\"\nbreaker_failures = 3\n",
             proxy.base
         ),
     );
@@ -981,7 +982,7 @@ fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_eng
         dir.path(),
         &format!(
             "[providers.local]\nmodel = \"{}\"\n[providers.nolocal]\ntype = \"local\"\nmodel = \"/nonexistent/model\"\n\
-             [providers.ollama]\nbase_url = \"{}\"\nmodel = \"tiny-bge-m3\"\n",
+             [providers.ollama]\nbase_url = \"{}\"\nmodel = \"bge-m3\"\n",
             tiny_model_dir().display(),
             serve.base
         ),
@@ -1029,4 +1030,32 @@ fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_eng
     assert_eq!(report["embedded_messages"], 1, "{report}");
     assert!(sparse_rows() > 0);
     assert_vectors_are_the_models(&stored(&home));
+}
+
+/// A BGE-M3 directory is one vector space whatever its folder is called:
+/// through recall's own engine and through `recall serve` (as `bge-m3`) alike.
+#[test]
+fn one_model_directory_is_one_space_served_or_local() {
+    let (_tmp, copy) = tiny_model_copy(&[]);
+    let renamed = copy.with_file_name("models-I-keep-here");
+    std::fs::rename(&copy, &renamed).unwrap();
+    let cache = std::env::temp_dir().join("recall-test-cache");
+    let local = load(&renamed, &cache).unwrap();
+    let local_identity = recall::provider::local::identity_of(&local, None);
+    assert_eq!(local_identity.space().family, "bge-m3");
+    let serve = Server::start(&renamed, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "chain = [\"ollama\"]\n[providers.ollama]\nbase_url = \"{}\"\nmodel = \"bge-m3\"\n",
+            serve.base
+        ),
+    );
+    let chain = Config::load(Some(&config), &[])
+        .unwrap()
+        .build(&|_, _| unreachable!("no local provider in this chain"))
+        .unwrap();
+    let served = chain.providers()[0].identity().unwrap();
+    assert_eq!(served.space(), local_identity.space());
 }

@@ -183,7 +183,7 @@ fn a_paused_watch_resumes_when_its_provider_comes_back() {
     let config = tmp.path().join("config.toml");
     std::fs::write(
         &config,
-        format!("chain = [\"ollama\"]\n[providers.ollama]\nbase_url = \"http://127.0.0.1:{port}\"\nmodel = \"tiny-bge-m3\"\n"),
+        format!("chain = [\"ollama\"]\n[providers.ollama]\nbase_url = \"http://127.0.0.1:{port}\"\nmodel = \"bge-m3\"\n"),
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
@@ -217,15 +217,7 @@ fn a_paused_watch_resumes_when_its_provider_comes_back() {
         events.lock().unwrap().iter().any(|e| e == "paused")
     });
     assert!(found(&home, "nginx").is_empty());
-    let _server = Server::start(
-        &tiny_model_dir(),
-        &[
-            "--port",
-            &port.to_string(),
-            "--served-model-name",
-            "tiny-bge-m3",
-        ],
-    );
+    let _server = Server::start(&tiny_model_dir(), &["--port", &port.to_string()]);
     until(
         Duration::from_secs(20),
         "indexed once the provider is up",

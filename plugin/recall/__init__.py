@@ -120,14 +120,26 @@ def _home_args(settings):
     return args
 
 
+def _engine_args(settings):
+    """What install was told about the engine: model, dtype, providers, config."""
+    args = []
+    if settings.get("model"):
+        args += ["--model", settings["model"]]
+    if settings.get("dtype"):
+        args += ["--dtype", settings["dtype"]]
+    if settings.get("providers"):
+        args += ["--provider", ",".join(settings["providers"])]
+    if settings.get("config"):
+        args += ["--config", settings["config"]]
+    return args
+
+
 def _search_via_binary(settings, request):
     binary = _binary(settings)
     if binary is None:
         raise RuntimeError("the recall binary was not found (run `recall hermes install` again)")
     command = [binary, "search", "--json", "--limit", str(request["limit"])]
-    command += _home_args(settings)
-    if settings.get("model"):
-        command += ["--model", settings["model"]]
+    command += _home_args(settings) + _engine_args(settings)
     for field, flag in (("role_filter", "--role"), ("source", "--source"), ("since", "--since"), ("until", "--until")):
         if request.get(field):
             command += [f"{flag}={request[field]}"]
@@ -233,9 +245,7 @@ def _nudge():
     binary = _binary(settings)
     if binary is None:
         return
-    command = [binary, "index", "--json"] + _home_args(settings)
-    if settings.get("model"):
-        command += ["--model", settings["model"]]
+    command = [binary, "index", "--json"] + _home_args(settings) + _engine_args(settings)
     _index_process[0] = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,

@@ -6,41 +6,67 @@ use clap::Args;
 use recall::index::store::Store;
 use recall::source::hermes::StateDb;
 
-use super::index::HermesArgs;
+use super::index::{HermesArgs, RoleArgs};
 use super::{ModelArgs, ProviderArgs};
 
 #[derive(Args)]
+#[command(mut_arg("roles", |a| a.help(super::index::ROLES_AS_INDEXED)))]
 pub struct DoctorArgs {
     #[command(flatten)]
     hermes: HermesArgs,
     #[command(flatten)]
+    roles: RoleArgs,
+    #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
     providers: ProviderArgs,
+    /// Print one JSON object: each check's status (ok, warn, fail), what, detail and fix.
+    #[arg(long)]
+    json: bool,
 }
 
-#[derive(Default)]
+/// The checks, printed as they are made (text) or at the end (JSON).
 struct Report {
     problems: usize,
+    json: bool,
+    checks: Vec<serde_json::Value>,
 }
 
 impl Report {
-    fn ok(&self, what: &str, detail: String) {
-        println!("ok    {what}: {detail}");
+    fn add(&mut self, status: &str, what: &str, detail: String, fix: Option<&str>) {
+        if self.json {
+            self.checks.push(serde_json::json!({
+                "status": status, "what": what, "detail": detail, "fix": fix,
+            }));
+            return;
+        }
+        let label = if status == "fail" { "FAIL" } else { status };
+        println!("{label:<5} {what}: {detail}");
+        if let Some(fix) = fix {
+            println!("      → {fix}");
+        }
+    }
+
+    fn ok(&mut self, what: &str, detail: String) {
+        self.add("ok", what, detail, None);
     }
 
     fn warn(&mut self, what: &str, detail: String, fix: &str) {
-        println!("warn  {what}: {detail}\n      → {fix}");
+        self.add("warn", what, detail, Some(fix));
     }
 
     fn fail(&mut self, what: &str, detail: String, fix: &str) {
         self.problems += 1;
-        println!("FAIL  {what}: {detail}\n      → {fix}");
+        self.add("fail", what, detail, Some(fix));
     }
 }
 
 pub fn run(args: DoctorArgs) -> Result<()> {
-    let mut r = Report::default();
+    let mut r = Report {
+        problems: 0,
+        json: args.json,
+        checks: Vec::new(),
+    };
 
     // Hermes.
     let profiles = match args.hermes.home() {
@@ -107,7 +133,7 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         let opened_store = Store::open_existing(&index_path).and_then(|store| {
             let identity = store.identity()?;
             let remembered = store.model_dir()?;
-            let chunks = store.count("SELECT COUNT(*) FROM chunks")?;
+            let chunks = store.counts()?.chunks;
             Ok((store, identity, remembered, chunks))
         });
         match opened_store {
@@ -118,7 +144,7 @@ pub fn run(args: DoctorArgs) -> Result<()> {
                     .cloned()
                     .collect();
                 let lag = args
-                    .hermes
+                    .roles
                     .selection()
                     .and_then(|selection| recall::index::lag(&store, &existing, &selection));
                 let space = id.as_ref().map_or("no model yet".into(), |i| {
@@ -261,9 +287,17 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             (true, true, true) => r.ok("plugin", "installed and enabled".into()),
         }
     }
+    if r.json {
+        println!(
+            "{}",
+            serde_json::json!({"problems": r.problems, "checks": r.checks})
+        );
+    }
     if r.problems > 0 {
         anyhow::bail!("{} problem(s) found", r.problems);
     }
-    println!("no problems found");
+    if !r.json {
+        println!("no problems found");
+    }
     Ok(())
 }

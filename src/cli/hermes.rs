@@ -8,22 +8,31 @@ use recall::hermes_plugin::{self, PluginSettings};
 use recall::serve::DEFAULT_PORT;
 
 use super::ModelArgs;
-use super::index::{ChunkArgs, HermesArgs, index_with};
+use super::index::{ChunkArgs, HermesArgs, RoleArgs, index_with};
 
 #[derive(Subcommand)]
 pub enum HermesCommand {
     /// Copy the plugin into $HERMES_HOME/plugins/recall, enable it, and index the history once.
+    #[command(
+        after_help = "Examples:\n  recall hermes install\n  recall hermes install --service --dtype q8\n  recall hermes install --profile work --provider local,ollama"
+    )]
     Install(Box<InstallArgs>),
     /// Disable and remove the plugin (and the service, if installed), leaving config.yaml as it was.
+    #[command(
+        after_help = "Examples:\n  recall hermes uninstall\n  recall hermes uninstall --profile work"
+    )]
     Uninstall(UninstallArgs),
     /// Is the plugin installed and enabled, is recall serve (the watcher) running, how far behind is the index.
-    Status(UninstallArgs),
+    #[command(after_help = "Examples:\n  recall hermes status\n  recall hermes status --json")]
+    Status(StatusArgs),
 }
 
 #[derive(Args)]
 pub struct InstallArgs {
     #[command(flatten)]
     hermes: HermesArgs,
+    #[command(flatten)]
+    roles: RoleArgs,
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
@@ -57,6 +66,15 @@ pub struct UninstallArgs {
     /// The Hermes profile (default: the default one).
     #[arg(long, value_name = "NAME", default_value = "default")]
     profile: String,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    target: UninstallArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 impl UninstallArgs {
@@ -103,6 +121,9 @@ fn install(args: InstallArgs) -> Result<()> {
         hermes_home: home.canonicalize().unwrap_or(home.clone()),
         profile: profile.clone(),
         model: args.model.named_dir(),
+        dtype: (args.model.dtype() != recall::Dtype::F32).then(|| args.model.dtype().to_string()),
+        providers: args.providers.named().to_vec(),
+        config: args.providers.config_file(),
     };
     let hermes_bin = if args.no_hermes_command {
         None
@@ -135,11 +156,20 @@ fn install(args: InstallArgs) -> Result<()> {
         }
     }
     if args.service {
-        install_service(&settings)?;
+        // Without recall's own engine in the chain there is no model to
+        // serve: the service then only indexes, through the chain.
+        let config = args.providers.config()?;
+        let local = config.chain.iter().any(|name| {
+            config
+                .provider(name)
+                .is_ok_and(|p| p.kind == Some(recall::provider::Kind::Local))
+        });
+        install_service(&settings, local)?;
     }
     if !args.no_index {
         index_with(
             &args.hermes,
+            &args.roles,
             &args.model,
             &args.providers,
             &args.chunk,
@@ -184,11 +214,58 @@ fn uninstall(args: UninstallArgs) -> Result<()> {
     Ok(())
 }
 
-fn status(args: UninstallArgs) -> Result<()> {
-    let home = args.home()?;
-    let profile_home = hermes_plugin::profile_home(&home, &args.profile);
+fn status(args: StatusArgs) -> Result<()> {
+    let home = args.target.home()?;
+    let profile = &args.target.profile;
+    let profile_home = hermes_plugin::profile_home(&home, profile);
     let (present, current, enabled) = hermes_plugin::installed(&profile_home);
     let settings = hermes_plugin::read_settings(&profile_home);
+    let server = settings
+        .as_ref()
+        .map(|s| s.server.clone())
+        .unwrap_or_else(|| format!("http://127.0.0.1:{DEFAULT_PORT}"));
+    let info = ureq::get(&format!("{server}/info"))
+        .config()
+        .timeout_global(Some(std::time::Duration::from_secs(2)))
+        .build()
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok());
+    let hermes = HermesArgs::for_home(&home, profile);
+    let index = hermes.index_path()?;
+    let lag = if index.is_file() {
+        let store = recall::index::store::Store::open_existing(&index)?;
+        Some(recall::index::lag(
+            &store,
+            &hermes.profiles()?,
+            &recall::source::hermes::Selection::default(),
+        )?)
+    } else {
+        None
+    };
+    let watched = recall::watch::is_watched(&index);
+    let service = service_path();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "plugin": {
+                    "dir": hermes_plugin::plugin_dir(&profile_home),
+                    "installed": present, "current": current, "enabled": enabled,
+                    "settings": settings,
+                },
+                "server": {
+                    "url": server, "up": info.is_some(),
+                    "model_id": info.as_ref().map(|i| i["model_id"].clone()),
+                    "watching": info.as_ref().map(|i| i["watching"] == true),
+                },
+                "index": {"path": index, "exists": lag.is_some(), "lag_messages": lag},
+                "watcher_running": watched,
+                "service": service.as_ref().map(|p| serde_json::json!({"path": p, "installed": p.is_file()})),
+            })
+        );
+        return Ok(());
+    }
     println!(
         "plugin:   {}",
         match (present, current) {
@@ -202,17 +279,6 @@ fn status(args: UninstallArgs) -> Result<()> {
         }
     );
     println!("enabled:  {}", if enabled { "yes" } else { "no" });
-    let server = settings
-        .as_ref()
-        .map(|s| s.server.clone())
-        .unwrap_or_else(|| format!("http://127.0.0.1:{DEFAULT_PORT}"));
-    let info = ureq::get(&format!("{server}/info"))
-        .config()
-        .timeout_global(Some(std::time::Duration::from_secs(2)))
-        .build()
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok());
     match info {
         Some(info) => println!(
             "server:   {server} is up ({}), watcher {}",
@@ -227,30 +293,25 @@ fn status(args: UninstallArgs) -> Result<()> {
             println!("server:   {server} is not answering (searches run the recall binary: slower)")
         }
     }
-    let hermes = HermesArgs::for_home(&home, &args.profile);
-    let index = hermes.index_path()?;
-    if index.is_file() {
-        let store = recall::index::store::Store::open_existing(&index)?;
-        let lag = recall::index::lag(&store, &hermes.profiles()?, &hermes.selection()?)?;
-        println!(
+    match lag {
+        Some(lag) => println!(
             "index:    {} ({lag} messages not indexed yet)",
             index.display()
-        );
-    } else {
-        println!(
+        ),
+        None => println!(
             "index:    none yet at {} (run `recall index`)",
             index.display()
-        );
+        ),
     }
     println!(
         "watcher:  {}",
-        if recall::watch::is_watched(&index) {
+        if watched {
             "running (recall watch or recall serve --watch)"
         } else {
             "not running: new messages are indexed after each turn only (start `recall serve --watch`)"
         }
     );
-    if let Some(path) = service_path() {
+    if let Some(path) = service {
         println!(
             "service:  {}",
             if path.is_file() {
@@ -277,72 +338,131 @@ fn service_path() -> Option<PathBuf> {
     }
 }
 
-fn serve_command(s: &PluginSettings) -> Vec<String> {
-    let mut cmd = vec![
-        s.binary.display().to_string(),
-        "serve".into(),
-        "--watch".into(),
-        "--hermes-home".into(),
-        s.hermes_home.display().to_string(),
-    ];
+/// The service's command line: `recall serve --watch` (the model warm for
+/// the plugin, indexing as Hermes writes), or `recall watch` when the chain
+/// has no local engine to serve.
+fn service_command(s: &PluginSettings, serve: bool) -> Vec<String> {
+    let mut cmd = vec![s.binary.display().to_string()];
+    if serve {
+        cmd.extend(["serve".into(), "--watch".into()]);
+    } else {
+        cmd.push("watch".into());
+    }
+    cmd.extend(["--hermes-home".into(), s.hermes_home.display().to_string()]);
     if s.profile != "default" {
         cmd.extend(["--profile".into(), s.profile.clone()]);
     }
-    if let Some(port) = s
-        .server
-        .rsplit(':')
-        .next()
-        .filter(|p| p.parse::<u16>().is_ok())
+    if serve
+        && let Some(port) = s
+            .server
+            .rsplit(':')
+            .next()
+            .filter(|p| p.parse::<u16>().is_ok())
     {
         cmd.extend(["--port".into(), port.to_string()]);
     }
-    if let Some(model) = &s.model {
-        cmd.extend(["--model".into(), model.display().to_string()]);
+    let engine = s.engine_args();
+    if serve {
+        // `serve` runs the local model only: the provider options are the index's.
+        let mut it = engine.into_iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().unwrap_or_default();
+            if flag == "--model" || flag == "--dtype" {
+                cmd.extend([flag, value]);
+            }
+        }
+    } else {
+        cmd.extend(engine);
     }
     cmd
 }
 
-/// The unit (or plist) text that runs `recall serve --watch`.
-fn service_text(s: &PluginSettings) -> String {
-    let cmd = serve_command(s);
-    if cfg!(target_os = "macos") {
-        let args: String = cmd
-            .iter()
-            .map(|a| format!("    <string>{a}</string>\n"))
-            .collect();
-        format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
-             <!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" \"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n\
-             <plist version=\"1.0\">\n<dict>\n  <key>Label</key>\n  <string>ai.recall.watch</string>\n\
-             \x20 <key>ProgramArguments</key>\n  <array>\n{args}  </array>\n\
-             \x20 <key>RunAtLoad</key>\n  <true/>\n  <key>KeepAlive</key>\n  <true/>\n</dict>\n</plist>\n"
-        )
-    } else {
-        let quoted: Vec<String> = cmd
-            .iter()
-            .map(|a| {
-                if a.contains(' ') {
-                    format!("\"{a}\"")
-                } else {
-                    a.clone()
-                }
-            })
-            .collect();
-        format!(
-            "[Unit]\nDescription=recall: local semantic memory for Hermes (embedding server + indexer)\n\n\
-             [Service]\nExecStart={}\nRestart=on-failure\nRestartSec=5\n\n\
-             [Install]\nWantedBy=default.target\n",
-            quoted.join(" ")
-        )
+/// Where a service file is read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ServiceFormat {
+    Systemd,
+    Launchd,
+}
+
+impl ServiceFormat {
+    fn here() -> Self {
+        if cfg!(target_os = "macos") {
+            ServiceFormat::Launchd
+        } else {
+            ServiceFormat::Systemd
+        }
     }
 }
 
-fn install_service(settings: &PluginSettings) -> Result<()> {
+/// One argument of a systemd `ExecStart=`: double-quoted, with `\` and `"`
+/// escaped as C-style sequences, `%` (specifiers) as `%%` and `$`
+/// (variables) as `$$` (systemd.service(5), systemd.unit(5)).
+fn systemd_quote(arg: &str) -> String {
+    let mut out = String::with_capacity(arg.len() + 2);
+    out.push('"');
+    for c in arg.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '%' => out.push_str("%%"),
+            '$' => out.push_str("$$"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Text for an XML element's content.
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&apos;")
+}
+
+/// The unit (or plist) text that runs the service.
+fn service_text(s: &PluginSettings, serve: bool, format: ServiceFormat) -> String {
+    let cmd = service_command(s, serve);
+    match format {
+        ServiceFormat::Launchd => {
+            let args: String = cmd
+                .iter()
+                .map(|a| format!("    <string>{}</string>\n", xml_escape(a)))
+                .collect();
+            format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+                 <!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" \"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n\
+                 <plist version=\"1.0\">\n<dict>\n  <key>Label</key>\n  <string>ai.recall.watch</string>\n\
+                 \x20 <key>ProgramArguments</key>\n  <array>\n{args}  </array>\n\
+                 \x20 <key>RunAtLoad</key>\n  <true/>\n  <key>KeepAlive</key>\n  <true/>\n</dict>\n</plist>\n"
+            )
+        }
+        ServiceFormat::Systemd => format!(
+            "[Unit]\nDescription=recall: local semantic memory for Hermes ({})\n\n\
+             [Service]\nExecStart={}\nRestart=on-failure\nRestartSec=5\n\n\
+             [Install]\nWantedBy=default.target\n",
+            if serve {
+                "embedding server + indexer"
+            } else {
+                "indexer"
+            },
+            cmd.iter()
+                .map(|a| systemd_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    }
+}
+
+fn install_service(settings: &PluginSettings, serve: bool) -> Result<()> {
     let Some(path) = service_path() else {
         bail!("cannot tell where the service file goes: HOME is not set");
     };
     std::fs::create_dir_all(path.parent().unwrap())?;
-    std::fs::write(&path, service_text(settings))?;
+    std::fs::write(&path, service_text(settings, serve, ServiceFormat::here()))?;
     println!("wrote {}", path.display());
     let started = if cfg!(target_os = "macos") {
         run_quietly("launchctl", &["load", "-w", &path.display().to_string()])
@@ -389,4 +509,116 @@ fn run_quietly(program: &str, args: &[&str]) -> bool {
             .stdin(std::process::Stdio::null())
             .output()
             .is_ok_and(|o| o.status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(odd: &str) -> PluginSettings {
+        PluginSettings {
+            binary: PathBuf::from(format!("/opt/{odd}/recall")),
+            server: "http://127.0.0.1:11435".into(),
+            hermes_home: PathBuf::from(format!("/home/me/{odd}/.hermes")),
+            profile: "default".into(),
+            model: Some(PathBuf::from(format!("/models/{odd}"))),
+            dtype: Some("q8".into()),
+            providers: vec!["local".into(), "ollama".into()],
+            config: None,
+        }
+    }
+
+    /// Splits an `ExecStart=` line as systemd does: double-quoted words,
+    /// C escapes, `%%` and `$$`.
+    fn systemd_words(line: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == ' ' {
+                continue;
+            }
+            assert_eq!(c, '"', "every word is quoted: {line}");
+            let mut word = String::new();
+            loop {
+                match chars.next().expect("closing quote") {
+                    '"' => break,
+                    '\\' => match chars.next().unwrap() {
+                        'n' => word.push('\n'),
+                        c => word.push(c),
+                    },
+                    '%' => {
+                        assert_eq!(chars.next(), Some('%'), "a lone % is a specifier");
+                        word.push('%');
+                    }
+                    '$' => {
+                        assert_eq!(chars.next(), Some('$'), "a lone $ is a variable");
+                        word.push('$');
+                    }
+                    c => word.push(c),
+                }
+            }
+            words.push(word);
+        }
+        words
+    }
+
+    const ODD: &str = "a b%c$d\"e\\f&g<h>i'j";
+
+    #[test]
+    fn systemd_unit_keeps_every_character_of_every_argument() {
+        let s = settings(ODD);
+        let text = service_text(&s, true, ServiceFormat::Systemd);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap();
+        let words = systemd_words(line);
+        assert_eq!(words, service_command(&s, true), "{text}");
+        assert!(words.contains(&"--dtype".to_string()) && words.contains(&"q8".to_string()));
+        assert!(text.contains("embedding server"));
+    }
+
+    #[test]
+    fn launchd_plist_escapes_xml() {
+        let s = settings(ODD);
+        let text = service_text(&s, true, ServiceFormat::Launchd);
+        let args: Vec<String> = text
+            .lines()
+            .filter_map(|l| {
+                l.trim()
+                    .strip_prefix("<string>")
+                    .and_then(|l| l.strip_suffix("</string>"))
+            })
+            .skip(1) // the label
+            .map(|a| {
+                a.replace("&lt;", "<")
+                    .replace("&gt;", ">")
+                    .replace("&quot;", "\"")
+                    .replace("&apos;", "'")
+                    .replace("&amp;", "&")
+            })
+            .collect();
+        assert_eq!(args, service_command(&s, true));
+        for raw in ["<h>", "&g<", "d\"e"] {
+            assert!(!text.contains(raw), "{raw} unescaped in {text}");
+        }
+    }
+
+    #[test]
+    fn without_a_local_engine_the_service_only_indexes() {
+        let s = settings("x");
+        let serve = service_command(&s, true);
+        assert_eq!(&serve[1..3], ["serve", "--watch"]);
+        assert!(!serve.contains(&"--provider".to_string()), "{serve:?}");
+        let watch = service_command(&s, false);
+        assert_eq!(watch[1], "watch");
+        assert!(!watch.contains(&"--port".to_string()));
+        assert!(
+            watch
+                .windows(2)
+                .any(|w| w == ["--provider", "local,ollama"]),
+            "{watch:?}"
+        );
+        assert!(watch.windows(2).any(|w| w == ["--dtype", "q8"]));
+    }
 }

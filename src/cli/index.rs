@@ -17,22 +17,46 @@ use super::{ModelArgs, Paused, ProviderArgs};
 
 /// Where the Hermes history and the index are.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Hermes and the index")]
 pub struct HermesArgs {
     /// Hermes home directory. Default: $HERMES_HOME, else ~/.hermes.
     #[arg(long, value_name = "DIR")]
     hermes_home: Option<PathBuf>,
-    /// Index one profile (~/.hermes/profiles/NAME) instead of the default one.
+    /// One Hermes profile (~/.hermes/profiles/NAME) instead of the default one.
     #[arg(long, value_name = "NAME", conflicts_with = "all_profiles")]
     profile: Option<String>,
-    /// Index the default profile and every profile under profiles/.
+    /// The default profile and every profile under profiles/.
     #[arg(long)]
     all_profiles: bool,
     /// The index database. Default: $HERMES_HOME/recall/index.db.
     #[arg(long, value_name = "PATH")]
     index: Option<PathBuf>,
+}
+
+/// `--roles` on the commands that only read an index (stats, doctor).
+pub const ROLES_AS_INDEXED: &str = "The roles the index was built with, comma-separated (as given to \
+    `recall index --roles`), to count the messages not indexed yet";
+
+/// Which messages an index holds (index, watch, stats, doctor).
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Hermes and the index")]
+pub struct RoleArgs {
     /// Roles to index, comma-separated (Hermes searches user and assistant; add tool for tool results).
     #[arg(long, value_delimiter = ',', default_value = "user,assistant")]
     roles: Vec<String>,
+}
+
+impl RoleArgs {
+    pub fn selection(&self) -> Result<Selection> {
+        for role in &self.roles {
+            if !["user", "assistant", "tool", "system"].contains(&role.as_str()) {
+                bail!("--roles: unknown role {role:?} (user, assistant, tool, system)");
+            }
+        }
+        Ok(Selection {
+            roles: self.roles.clone(),
+        })
+    }
 }
 
 impl HermesArgs {
@@ -71,7 +95,6 @@ impl HermesArgs {
             profile: (profile != "default").then(|| profile.to_string()),
             all_profiles: false,
             index: None,
-            roles: vec!["user".into(), "assistant".into()],
         }
     }
 
@@ -94,21 +117,11 @@ impl HermesArgs {
             None => Ok(index::default_index_path(&self.home()?)),
         }
     }
-
-    pub fn selection(&self) -> Result<Selection> {
-        for role in &self.roles {
-            if !["user", "assistant", "tool", "system"].contains(&role.as_str()) {
-                bail!("--roles: unknown role {role:?} (user, assistant, tool, system)");
-            }
-        }
-        Ok(Selection {
-            roles: self.roles.clone(),
-        })
-    }
 }
 
 /// How messages are cut into chunks.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Chunking")]
 pub struct ChunkArgs {
     /// Tokens per chunk window, special tokens included. Default: 512, or the model's limit if smaller.
     #[arg(long)]
@@ -136,7 +149,7 @@ impl ChunkArgs {
     pub fn params_for(
         &self,
         chain: &recall::provider::Chain,
-        existing: Option<&recall::index::store::Identity>,
+        existing: Option<&recall::space::Identity>,
     ) -> ChunkParams {
         match existing {
             Some(id) => ChunkParams {
@@ -152,6 +165,8 @@ impl ChunkArgs {
 pub struct IndexArgs {
     #[command(flatten)]
     hermes: HermesArgs,
+    #[command(flatten)]
+    roles: RoleArgs,
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
@@ -169,6 +184,7 @@ pub struct IndexArgs {
 pub fn run_index(args: IndexArgs) -> Result<()> {
     index_with(
         &args.hermes,
+        &args.roles,
         &args.model,
         &args.providers,
         &args.chunk,
@@ -180,6 +196,7 @@ pub fn run_index(args: IndexArgs) -> Result<()> {
 /// `recall index` with these arguments (also the first index of `recall hermes install`).
 pub fn index_with(
     hermes: &HermesArgs,
+    roles: &RoleArgs,
     model: &ModelArgs,
     providers: &ProviderArgs,
     chunk: &ChunkArgs,
@@ -187,7 +204,7 @@ pub fn index_with(
     json: bool,
 ) -> Result<()> {
     let profiles = hermes.profiles()?;
-    let selection = hermes.selection()?;
+    let selection = roles.selection()?;
     let index_path = hermes.index_path()?;
     index::check_sources(&index_path, &profiles)?;
     if rebuild && let Some((aside, why)) = Store::set_aside_if_damaged(&index_path)? {
@@ -319,9 +336,12 @@ pub fn index_with(
 }
 
 #[derive(Args)]
+#[command(mut_arg("roles", |a| a.help(ROLES_AS_INDEXED)))]
 pub struct StatsArgs {
     #[command(flatten)]
     hermes: HermesArgs,
+    #[command(flatten)]
+    roles: RoleArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -340,24 +360,20 @@ fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
         .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
         .map(|m| m.len())
         .sum();
-    let vectors = if identity.is_some() {
-        store.count("SELECT COUNT(*) FROM chunks_vec")?
-    } else {
-        0
-    };
+    let counts = store.counts()?;
     let profiles = args.hermes.profiles()?;
-    let lag = index::lag(&store, &profiles, &args.hermes.selection()?)?;
+    let lag = index::lag(&store, &profiles, &args.roles.selection()?)?;
     let last = store
         .meta("last_indexed_at")?
         .and_then(|t| t.parse::<f64>().ok());
     let stats = json!({
         "index": path,
-        "sessions": store.count("SELECT COUNT(*) FROM sessions")?,
-        "messages": store.count("SELECT COUNT(*) FROM messages")?,
-        "chunks": store.count("SELECT COUNT(*) FROM chunks")?,
-        "vectors": vectors,
-        "tokens_embedded": store.count("SELECT COALESCE(SUM(tokens), 0) FROM chunks")?,
-        "cached_embeddings": store.count("SELECT COUNT(*) FROM embed_cache")?,
+        "sessions": counts.sessions,
+        "messages": counts.messages,
+        "chunks": counts.chunks,
+        "vectors": counts.vectors,
+        "tokens_embedded": counts.tokens_embedded,
+        "cached_embeddings": counts.cached_embeddings,
         "size_bytes": size,
         "identity": identity,
         "last_indexed_at": last,

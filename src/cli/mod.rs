@@ -9,12 +9,13 @@ mod model;
 mod providers;
 mod search;
 mod serve;
+pub mod style;
 mod watch;
 
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use recall::{Embedder, LoadOptions};
 
 #[derive(Parser)]
@@ -24,43 +25,184 @@ use recall::{Embedder, LoadOptions};
     about = "Local semantic memory for AI agents: BGE-M3 embeddings in one binary",
     long_about = "Local semantic memory for AI agents.\n\n\
         recall runs BAAI/bge-m3 itself (no cloud, no Ollama) and gives its dense vector, \
-        sparse lexical weights and ColBERT vectors.\n\n\
+        sparse lexical weights and ColBERT vectors; it indexes Hermes Agent's history and \
+        searches it by meaning and by exact words.\n\n\
         The model is found in this order: --model DIR, the RECALL_MODEL variable, then \
-        BAAI/bge-m3 in the Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub).\n\
-        Set RECALL_LOG=debug for more detail on standard error."
+        BAAI/bge-m3 in the Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub).",
+    after_help = "Examples:\n  recall hermes install --service\n  recall search \"the server ran out of space\"\n  recall embed \"some text\" --sparse\n\nMore: recall help <command>; the environment: recall --help.",
+    after_long_help = concat!(
+        "Examples:\n  recall hermes install --service\n  recall search \"the server ran out of space\"\n  recall embed \"some text\" --sparse\n\n",
+        "Environment:\n",
+        "  RECALL_MODEL        model directory (as --model)\n",
+        "  RECALL_DTYPE        f32 or q8 (as --dtype)\n",
+        "  RECALL_CACHE_DIR    recall's own cache: converted weights, manifests (default ~/.cache/recall)\n",
+        "  RECALL_CONFIG       config.toml of the embedding providers (as --config)\n",
+        "  RECALL_PROVIDERS    provider chain, comma-separated (as --provider)\n",
+        "  RECALL_API_KEY      the key `recall serve` requires (as --api-key)\n",
+        "  RECALL_LOG          log filter for standard error (e.g. debug, recall=trace); beats -q/-v\n",
+        "  RECALL_MATMUL, RECALL_Q8   force a CPU kernel (avx2, candle / avx2, portable), to compare\n",
+        "  HERMES_HOME         Hermes's home (default ~/.hermes)\n",
+        "  OLLAMA_HOST         the ollama provider's address (default http://127.0.0.1:11434)\n",
+        "  ARK_API_KEY, OPENAI_API_KEY   keys of the built-in ark and openai providers\n",
+        "  HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE   the Hugging Face cache, mirror, token, offline mode\n",
+        "  NO_COLOR, TERM      no colour when NO_COLOR is set or TERM=dumb (see --color)\n\n",
+        "Exit status: 0 success; 1 an error (said on standard error; with --json, as a JSON object \
+         with an `error` field); 2 a usage error; 75 indexing paused because no embedding provider \
+         could work (what was done is kept: try again later)."
+    )
 )]
 pub struct Cli {
+    /// Colour in recall's output: auto (on a terminal, unless NO_COLOR is set or TERM=dumb), always, never.
+    #[arg(long, global = true, help_heading = "Global options", value_enum, default_value_t = style::ColorWhen::Auto, value_name = "WHEN")]
+    pub color: style::ColorWhen,
+    /// Say less on standard error: errors only (RECALL_LOG overrides).
+    #[arg(
+        short,
+        long,
+        global = true,
+        help_heading = "Global options",
+        conflicts_with = "verbose"
+    )]
+    pub quiet: bool,
+    /// Say more on standard error: -v for debug, -vv for trace (RECALL_LOG overrides).
+    #[arg(short, long, global = true, help_heading = "Global options", action = ArgAction::Count)]
+    pub verbose: u8,
     #[command(subcommand)]
     command: Command,
+}
+
+impl Cli {
+    /// The log filter that -q/-v ask for (RECALL_LOG, when set, wins).
+    pub fn log_filter(&self) -> &'static str {
+        match (self.quiet, self.verbose) {
+            (true, _) => "recall=error",
+            (_, 0) => "recall=info",
+            (_, 1) => "recall=debug",
+            _ => "recall=trace",
+        }
+    }
+}
+
+/// `recall --version`'s long form: the commit, the GPU features built in,
+/// and the CPU kernels this machine would run.
+fn long_version() -> String {
+    let mut features = Vec::new();
+    if cfg!(feature = "cuda") {
+        features.push("cuda");
+    }
+    if cfg!(feature = "metal") {
+        features.push("metal");
+    }
+    if cfg!(feature = "mkl") {
+        features.push("mkl");
+    }
+    format!(
+        "{} (commit {})\nfeatures: {}\nCPU kernels here: f32 {}, q8 {:?}",
+        env!("CARGO_PKG_VERSION"),
+        env!("RECALL_GIT_COMMIT"),
+        if features.is_empty() {
+            "cpu only".to_string()
+        } else {
+            features.join(", ")
+        },
+        recall::matmul::PackedKernel::get().map_or("candle's matmul".to_string(), |k| format!(
+            "{k:?} packed tile"
+        )),
+        recall::quant::Kernel::get(),
+    )
+}
+
+/// The command line's definition, with the long version filled in.
+pub fn command() -> clap::Command {
+    Cli::command().long_version(long_version())
+}
+
+/// Parses the arguments; usage errors (exit 2) are JSON with `--json`.
+pub fn parse() -> Cli {
+    let json = std::env::args_os().any(|a| a == "--json");
+    let matches = match command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) if json && e.use_stderr() => {
+            let message = e.render().to_string();
+            eprintln!(
+                "{}",
+                serde_json::json!({"error": message.trim(), "kind": "usage", "exit_code": 2})
+            );
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    };
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Whether the command asked for JSON output (its errors are JSON too).
+pub fn wants_json() -> bool {
+    std::env::args_os().any(|a| a == "--json")
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Embed texts: from arguments, or one per line on standard input. Writes JSON lines.
+    #[command(
+        after_help = "Examples:\n  recall embed \"the server ran out of space\"\n  recall embed --sparse --colbert \"disk cleanup\" \"磁盘清理\"\n  cat texts.txt | recall embed --dtype q8 > vectors.jsonl"
+    )]
     Embed(embed::EmbedArgs),
     /// Measure encoder throughput and memory on fixed shapes; --search: vector search; --serve: recall serve under load.
+    #[command(
+        after_help = "Examples:\n  recall bench\n  recall bench --shapes 1x16,8x128 --dtype q8 --json\n  recall bench --search --sizes 10000,100000"
+    )]
     Bench(bench::BenchArgs),
     /// Index Hermes sessions (incremental: only what is new or changed is embedded).
+    #[command(
+        after_help = "Examples:\n  recall index\n  recall index --all-profiles --roles user,assistant,tool\n  recall index --rebuild --dtype q8"
+    )]
     Index(index::IndexArgs),
     /// What the index holds, its model, and how far it lags behind Hermes.
+    #[command(after_help = "Examples:\n  recall stats\n  recall stats --profile work --json")]
     Stats(index::StatsArgs),
     /// Search your Hermes sessions by meaning and by exact words (hybrid).
+    #[command(
+        after_help = "Examples:\n  recall search \"the server ran out of space\"\n  recall search \"nginx 502\" --since 7d --role user -n 10\n  recall search \"ERR_CONNECTION_RESET\" --signals keyword --json"
+    )]
     Search(search::SearchArgs),
     /// Print a session's messages, or a window around one message.
+    #[command(
+        after_help = "Examples:\n  recall show 20260212_093015_ab12cd\n  recall show 20260212_093015_ab12cd --around 4711 --window 3\n  recall show @session:default/20260212_093015_ab12cd --json"
+    )]
     Show(search::ShowArgs),
     /// Get, move and check models: fetch, export, import, verify, list, info.
     Model(model::ModelCommand),
     /// Follow Hermes's database and index each change as it happens.
+    #[command(
+        after_help = "Examples:\n  recall watch\n  recall watch --all-profiles --provider local,ollama"
+    )]
     Watch(watch::WatchArgs),
     /// Put recall into Hermes as a plugin (the semantic_session_search tool), take it out, or check it.
     #[command(subcommand)]
     Hermes(hermes::HermesCommand),
     /// Serve the model over HTTP to OpenAI, Ollama and TEI clients, plus session search.
+    #[command(
+        after_help = "Examples:\n  recall serve\n  recall serve --watch --dtype q8\n  recall serve --host 0.0.0.0 --api-key \"$KEY\"\n  curl -s localhost:11435/v1/embeddings -d '{\"input\": \"hello\", \"model\": \"bge-m3\"}'"
+    )]
     Serve(serve::ServeArgs),
     /// The embedding providers configured (local, Ollama, OpenAI-compatible): reachable? which space? which one the index uses.
+    #[command(
+        after_help = "Examples:\n  recall providers\n  recall providers --provider ollama,local --json"
+    )]
     Providers(providers::ProvidersArgs),
     /// Check this machine's setup (Hermes, index, model, providers, plugin) and say what to do about each problem.
+    #[command(after_help = "Examples:\n  recall doctor\n  recall doctor --json")]
     Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script: bash, zsh, fish, powershell or elvish.
+    #[command(
+        after_help = "Examples:\n  recall completions bash > ~/.local/share/bash-completion/completions/recall\n  recall completions zsh > ~/.zfunc/_recall\n  recall completions fish > ~/.config/fish/completions/recall.fish"
+    )]
+    Completions { shell: clap_complete::Shell },
+    /// Print recall's man page (roff).
+    #[command(
+        after_help = "Example:\n  recall man > ~/.local/share/man/man1/recall.1 && man recall"
+    )]
+    Man,
 }
 
 /// A run that stopped because no embedding provider could work: what was
@@ -78,6 +220,7 @@ impl std::error::Error for Paused {}
 
 /// Where embeddings come from: options shared by the commands that embed.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Embedding providers")]
 pub struct ProviderArgs {
     /// Configuration file. Default: $RECALL_CONFIG, then ~/.config/recall/config.toml if it exists.
     #[arg(long, value_name = "FILE")]
@@ -89,6 +232,18 @@ pub struct ProviderArgs {
 }
 
 impl ProviderArgs {
+    /// The configuration file named by --config.
+    pub fn config_file(&self) -> Option<PathBuf> {
+        self.config
+            .as_ref()
+            .map(|c| c.canonicalize().unwrap_or_else(|_| c.clone()))
+    }
+
+    /// The chain named by --provider.
+    pub fn named(&self) -> &[String] {
+        &self.providers
+    }
+
     pub fn config(&self) -> Result<recall::provider::Config> {
         recall::provider::Config::load(self.config.as_deref(), &self.providers)
     }
@@ -133,6 +288,7 @@ impl ProviderArgs {
 
 /// Options shared by every command that loads a model.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// Model directory (Hugging Face layout). Default: $RECALL_MODEL, then BAAI/bge-m3 in the HF cache.
     #[arg(long, value_name = "DIR")]
@@ -166,6 +322,10 @@ pub struct ModelArgs {
 impl ModelArgs {
     pub fn batch_tokens(&self) -> usize {
         self.batch_tokens
+    }
+
+    pub fn dtype(&self) -> recall::Dtype {
+        self.dtype
     }
 
     pub fn load(&self) -> Result<Embedder> {
@@ -272,5 +432,44 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Hermes(cmd) => hermes::run(cmd),
         Command::Providers(args) => providers::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut command(), "recall", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            clap_mangen::Man::new(command()).render(&mut std::io::stdout())?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_definition_is_consistent() {
+        command().debug_assert();
+    }
+
+    /// Every command a user runs shows the invocations people type.
+    #[test]
+    fn every_command_has_examples() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            let leaf = !cmd.has_subcommands();
+            let examples = cmd
+                .get_after_help()
+                .is_some_and(|h| h.to_string().contains("Example"));
+            if leaf && !examples && cmd.get_name() != "help" {
+                missing.push(path.clone());
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&command(), "", &mut missing);
+        assert!(missing.is_empty(), "no examples in --help of: {missing:?}");
     }
 }

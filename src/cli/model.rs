@@ -22,6 +22,9 @@ pub struct ModelCommand {
 enum ModelSub {
     /// Download BAAI/bge-m3 into the Hugging Face cache (honours HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE),
     /// check it, and convert its weights to safetensors once.
+    #[command(
+        after_help = "Examples:\n  recall model fetch\n  HF_ENDPOINT=https://hf-mirror.com recall model fetch"
+    )]
     Fetch {
         /// Revision (commit) to fetch.
         #[arg(long, default_value = DEFAULT_REVISION)]
@@ -31,6 +34,7 @@ enum ModelSub {
         retries: usize,
     },
     /// Write the model and its manifest into one tar file, for a machine without network.
+    #[command(after_help = "Examples:\n  recall model export bge-m3.tar")]
     Export {
         /// The tar file to write.
         file: PathBuf,
@@ -39,6 +43,9 @@ enum ModelSub {
         model: Option<PathBuf>,
     },
     /// Check and install a model from a tar written by `export`, or from a model directory copied by hand.
+    #[command(
+        after_help = "Examples:\n  recall model import bge-m3.tar\n  recall model import ./bge-m3-copy --revision 5617a9f61b028005a4858fdac845db406aefb181"
+    )]
     Import {
         /// A .tar from `recall model export`, or a model directory.
         source: PathBuf,
@@ -50,17 +57,37 @@ enum ModelSub {
         #[arg(long)]
         revision: Option<String>,
     },
-    /// Check every file of the model against its manifest (sizes and SHA-256).
+    /// Check every file of the model against its manifest (sizes and SHA-256), and the
+    /// converted copy that runs, if there is one.
+    #[command(
+        after_help = "Examples:\n  recall model verify\n  recall model verify --model ./bge-m3 --json"
+    )]
     Verify {
+        /// Model directory. Default: as `recall embed` finds it.
         #[arg(long, value_name = "DIR")]
         model: Option<PathBuf>,
+        /// Print one JSON object: each file's path and problem (null when it matches).
+        #[arg(long)]
+        json: bool,
     },
     /// The models in the Hugging Face cache that recall can use, and which one is the default.
-    List,
+    #[command(after_help = "Examples:\n  recall model list\n  recall model list --json")]
+    List {
+        /// Print one JSON object per model.
+        #[arg(long)]
+        json: bool,
+    },
     /// Load the model and describe it: where, revision, size, dimensions, outputs.
+    #[command(
+        after_help = "Examples:\n  recall model info\n  recall model info --model ./bge-m3 --json"
+    )]
     Info {
+        /// Model directory. Default: as `recall embed` finds it.
         #[arg(long, value_name = "DIR")]
         model: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -253,7 +280,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             convert(&dir, &recall_cache)?;
             println!("{}", dir.display());
         }
-        ModelSub::Verify { model } => {
+        ModelSub::Verify { model, json } => {
             let located = locate::locate(model.as_deref())?;
             let manifest = manifest_of(&located)?.with_context(|| {
                 format!(
@@ -262,11 +289,45 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                 )
             })?;
             let wrong = manifest.verify(&located.dir)?;
+            let mut files: Vec<serde_json::Value> = Vec::new();
             for entry in &manifest.files {
-                match wrong.iter().find(|w| w.path == entry.path) {
-                    Some(w) => println!("WRONG {}: {}", entry.path, w.problem),
-                    None => println!("ok    {}", entry.path),
+                let problem = wrong
+                    .iter()
+                    .find(|w| w.path == entry.path)
+                    .map(|w| w.problem.clone());
+                if !json {
+                    match &problem {
+                        Some(p) => println!("WRONG {}: {p}", entry.path),
+                        None => println!("ok    {}", entry.path),
+                    }
                 }
+                files.push(serde_json::json!({"path": entry.path, "problem": problem}));
+            }
+            // What actually runs, when the checkpoint is not safetensors.
+            let recall_cache = locate::recall_cache_dir()?;
+            let mut converted = serde_json::Value::Null;
+            if let Some((copy, verdict)) =
+                ModelFiles::inspect(&located.dir)?.verify_converted(&recall_cache)?
+            {
+                let problem = verdict.err();
+                if let Some(why) = &problem {
+                    convert(&located.dir, &recall_cache)?;
+                    if !json {
+                        println!("WRONG {} (the converted copy): {why}", copy.display());
+                        println!("      converted again from the checkpoint");
+                    }
+                } else if !json {
+                    println!("ok    {} (the converted copy that runs)", copy.display());
+                }
+                converted = serde_json::json!({
+                    "path": copy, "problem": problem, "converted_again": problem.is_some(),
+                });
+            }
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"model": located.dir, "files": files, "converted": converted})
+                );
             }
             if !wrong.is_empty() {
                 bail!(
@@ -278,7 +339,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             }
             eprintln!("all {} files match the manifest", manifest.files.len());
         }
-        ModelSub::List => {
+        ModelSub::List { json } => {
             let hub_cache =
                 locate::hub_cache_dir().context("cannot find the Hugging Face cache")?;
             let default = locate::locate(None).ok();
@@ -303,46 +364,68 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                     };
                     any = true;
                     let is_default = default.as_ref().is_some_and(|d| d.dir == dir);
+                    let revision = snap.file_name().to_string_lossy().into_owned();
+                    let outputs = if files.heads.is_some() {
+                        "dense+sparse+colbert"
+                    } else {
+                        "dense"
+                    };
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({
+                                "repo": repo, "revision": revision, "default": is_default,
+                                "bytes": dir_size(&dir), "dimension": files.encoder.hidden_size,
+                                "outputs": outputs.split('+').collect::<Vec<_>>(), "dir": dir,
+                            })
+                        );
+                        continue;
+                    }
                     println!(
-                        "{} {repo}@{} {:.2} GB {} dims, {} {}",
+                        "{} {repo}@{revision} {:.2} GB {} dims, {outputs} {}",
                         if is_default { "*" } else { " " },
-                        snap.file_name().to_string_lossy(),
                         dir_size(&dir) as f64 / 1e9,
                         files.encoder.hidden_size,
-                        if files.heads.is_some() {
-                            "dense+sparse+colbert"
-                        } else {
-                            "dense"
-                        },
                         dir.display()
                     );
                 }
             }
-            if !any {
+            if !any && !json {
                 println!(
                     "no usable model in {} (fetch one with `recall model fetch`)",
                     hub_cache.display()
                 );
             }
         }
-        ModelSub::Info { model } => {
+        ModelSub::Info { model, json } => {
             let located = locate::locate(model.as_deref())?;
             let embedder = recall::Embedder::load(&located.dir, &recall::LoadOptions::default())?;
             let info = embedder.info();
-            let outputs = if info.sparse {
-                "dense, sparse, colbert"
+            let outputs: Vec<&str> = if info.sparse {
+                vec!["dense", "sparse", "colbert"]
             } else {
-                "dense"
+                vec!["dense"]
             };
+            let found_by = match &located.origin {
+                Origin::Flag => "--model",
+                Origin::Env => "RECALL_MODEL",
+                Origin::HubCache { .. } => "Hugging Face cache (default)",
+            };
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "model": located.dir, "found_by": found_by, "revision": revision_of(&located),
+                        "type": info.model_type, "bytes": dir_size(&located.dir), "weights": info.weights,
+                        "dimension": info.dense_dim, "colbert_dimension": info.colbert_dim,
+                        "outputs": outputs, "max_length": info.model_max_length,
+                        "load_seconds": info.load_time.as_secs_f64(),
+                    })
+                );
+                return Ok(());
+            }
             println!("model:       {}", located.dir.display());
-            println!(
-                "found by:    {}",
-                match &located.origin {
-                    Origin::Flag => "--model".to_string(),
-                    Origin::Env => "RECALL_MODEL".to_string(),
-                    Origin::HubCache { .. } => "Hugging Face cache (default)".to_string(),
-                }
-            );
+            println!("found by:    {found_by}");
             println!("revision:    {}", revision_of(&located));
             println!("type:        {}", info.model_type);
             println!("size:        {:.2} GB", dir_size(&located.dir) as f64 / 1e9);
@@ -354,7 +437,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                     .map(|d| format!(" (colbert {d})"))
                     .unwrap_or_default()
             );
-            println!("outputs:     {outputs}");
+            println!("outputs:     {}", outputs.join(", "));
             println!("max length:  {} tokens", info.model_max_length);
             println!("loaded in:   {:.2}s", info.load_time.as_secs_f64());
         }

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use recall::index::store::{Identity, Store};
+use recall::index::store::Store;
+use recall::space::Identity;
 use serde_json::{Value, json};
 
 use super::index::HermesArgs;

@@ -1,7 +1,5 @@
 //! `recall search` and `recall show`.
 
-use std::io::IsTerminal;
-
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use recall::index::store::Store;
@@ -17,58 +15,94 @@ pub struct SearchArgs {
     /// What to look for, in any language: a question, a description, or an exact identifier.
     /// `-` reads it from standard input (a query that starts with `-` can also follow `--`).
     query: String,
+    /// Sessions to return.
+    #[arg(long, short = 'n', default_value_t = 5, help_heading = "Output")]
+    limit: usize,
+    /// One JSON object per result (fields in docs/search.md).
+    #[arg(long, help_heading = "Output")]
+    json: bool,
+    /// Only messages of these roles (comma-separated: user, assistant, tool).
+    #[arg(long, value_delimiter = ',', help_heading = "Filters")]
+    role: Vec<String>,
+    /// Only sessions from these sources (comma-separated: cli, telegram, cron, ...).
+    #[arg(long, value_delimiter = ',', help_heading = "Filters")]
+    source: Vec<String>,
+    /// Only messages written at or after this time: YYYY-MM-DD[THH:MM[:SS]] (UTC), an RFC 3339
+    /// time with an offset, Unix seconds, or a time ago (7d, 12h, 2 weeks, yesterday, today).
+    #[arg(long, help_heading = "Filters")]
+    since: Option<String>,
+    /// Only messages written at or before this time (same forms as --since).
+    #[arg(long, help_heading = "Filters")]
+    until: Option<String>,
+    /// Only this session (and its lineage).
+    #[arg(long, help_heading = "Filters")]
+    session: Option<String>,
+    /// How the dense, keyword and sparse signals are combined.
+    #[arg(long, value_enum, default_value_t = FusionArg::Rrf, help_heading = "Ranking")]
+    fusion: FusionArg,
+    /// Use all signals, or one alone: dense (meaning) or keyword (exact words).
+    #[arg(long, value_enum, default_value_t = SignalsArg::Hybrid, help_heading = "Ranking")]
+    signals: SignalsArg,
+    /// Leave out passages less similar than this dense cosine, unless they hold the query word for
+    /// word. Off by default: weak results are marked instead, as where unrelated texts sit depends on
+    /// the model.
+    #[arg(long, value_name = "COSINE", help_heading = "Ranking")]
+    min_score: Option<f32>,
+    /// Re-rank the best passages by BGE-M3's ColBERT score.
+    #[arg(long, help_heading = "Ranking")]
+    rerank: bool,
+    /// Diversify results (maximal marginal relevance); λ = 1 is pure relevance.
+    #[arg(long, value_name = "LAMBDA", help_heading = "Ranking")]
+    mmr: Option<f32>,
+    /// Favour recent sessions: a result's score halves every DAYS.
+    #[arg(long, value_name = "DAYS", help_heading = "Ranking")]
+    half_life: Option<f64>,
+    /// How the nearest vectors are found: an exact scan of every vector, a binary first pass
+    /// over 1-bit codes with exact rescoring, or by index size (exact below 10,000 chunks).
+    #[arg(long, value_enum, default_value_t = VectorScan::Auto, help_heading = "Ranking")]
+    scan: VectorScan,
     #[command(flatten)]
     hermes: HermesArgs,
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
     providers: ProviderArgs,
-    /// Sessions to return.
-    #[arg(long, short = 'n', default_value_t = 5)]
-    limit: usize,
-    /// How the dense, keyword and sparse signals are combined.
-    #[arg(long, value_enum, default_value_t = Fusion::Rrf)]
-    fusion: Fusion,
-    /// Use all signals, or one alone: dense (meaning) or keyword (exact words).
-    #[arg(long, value_enum, default_value_t = Signals::Hybrid)]
-    signals: Signals,
-    /// Leave out passages less similar than this dense cosine, unless they hold the query word for
-    /// word. Off by default: weak results are marked instead, as where unrelated texts sit depends on
-    /// the model.
-    #[arg(long, value_name = "COSINE")]
-    min_score: Option<f32>,
-    /// Re-rank the best passages by BGE-M3's ColBERT score.
-    #[arg(long)]
-    rerank: bool,
-    /// Diversify results (maximal marginal relevance); λ = 1 is pure relevance.
-    #[arg(long, value_name = "LAMBDA")]
-    mmr: Option<f32>,
-    /// Favour recent sessions: a result's score halves every DAYS.
-    #[arg(long, value_name = "DAYS")]
-    half_life: Option<f64>,
-    /// Only messages of these roles (comma-separated: user, assistant, tool).
-    #[arg(long, value_delimiter = ',')]
-    role: Vec<String>,
-    /// Only sessions from these sources (comma-separated: cli, telegram, cron, ...).
-    #[arg(long, value_delimiter = ',')]
-    source: Vec<String>,
-    /// Only messages written at or after this time: YYYY-MM-DD[THH:MM[:SS]] (UTC), an RFC 3339
-    /// time with an offset, Unix seconds, or a time ago (7d, 12h, 2 weeks, yesterday, today).
-    #[arg(long)]
-    since: Option<String>,
-    /// Only messages written at or before this time.
-    #[arg(long)]
-    until: Option<String>,
-    /// Only this session (and its lineage).
-    #[arg(long)]
-    session: Option<String>,
-    /// How the nearest vectors are found: an exact scan of every vector, a binary first pass
-    /// over 1-bit codes with exact rescoring, or by index size (exact below 10,000 chunks).
-    #[arg(long, value_enum, default_value_t = VectorScan::Auto)]
-    scan: VectorScan,
-    /// One JSON object per result (schema in the README).
-    #[arg(long)]
-    json: bool,
+}
+
+/// `--fusion`: `search::Fusion` on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum FusionArg {
+    /// Reciprocal rank fusion of the three signals.
+    Rrf,
+    /// 0.7 × dense cosine + 0.3 × keyword score, as openClaw's memorySearch.
+    Weighted,
+}
+
+impl From<FusionArg> for Fusion {
+    fn from(f: FusionArg) -> Self {
+        match f {
+            FusionArg::Rrf => Fusion::Rrf,
+            FusionArg::Weighted => Fusion::Weighted,
+        }
+    }
+}
+
+/// `--signals`: `search::Signals` on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SignalsArg {
+    Hybrid,
+    Dense,
+    Keyword,
+}
+
+impl From<SignalsArg> for Signals {
+    fn from(s: SignalsArg) -> Self {
+        match s {
+            SignalsArg::Hybrid => Signals::Hybrid,
+            SignalsArg::Dense => Signals::Dense,
+            SignalsArg::Keyword => Signals::Keyword,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -95,18 +129,20 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
     let chain = args
         .providers
         .chain_with(&args.model, store.model_dir()?, false, true)?;
-    let provider = match (args.signals, store.identity()?) {
+    let provider = match (Signals::from(args.signals), store.identity()?) {
         (Signals::Keyword, _) | (_, None) => None,
         (_, Some(_)) => match search::query_provider(&chain, &store)? {
-            Ok(p) => Some(p),
+            search::QueryEmbedder::Ready(p) => Some(p),
             // Keyword search still finds exact words: better than nothing, and said.
-            Err(unavailable) if args.signals == Signals::Hybrid && !args.rerank => {
+            search::QueryEmbedder::Unavailable(unavailable)
+                if Signals::from(args.signals) == Signals::Hybrid && !args.rerank =>
+            {
                 eprintln!(
                     "keyword-only search: {unavailable}\n(`recall providers` shows each provider's state)"
                 );
                 None
             }
-            Err(unavailable) => bail!("{unavailable}"),
+            search::QueryEmbedder::Unavailable(unavailable) => bail!("{unavailable}"),
         },
     };
     let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {
@@ -116,8 +152,8 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
     };
     let options = SearchOptions {
         limit: args.limit,
-        fusion: args.fusion,
-        signals: args.signals,
+        fusion: args.fusion.into(),
+        signals: args.signals.into(),
         min_score: args.min_score,
         rerank: args.rerank,
         mmr: args.mmr,
@@ -145,12 +181,12 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
         // Each result says how it was found, so that a keyword-only answer is never taken for more.
         for hit in &hits {
             let mut value = serde_json::to_value(hit)?;
-            value["mode"] = info.mode.clone().into();
+            value["mode"] = serde_json::to_value(info.mode)?;
             println!("{value}");
         }
         return Ok(());
     }
-    if info.mode == "keyword" && args.signals != Signals::Keyword {
+    if info.mode == search::Mode::Keyword && Signals::from(args.signals) != Signals::Keyword {
         println!("(keyword-only results: no embedding provider is available for this index)");
     }
     if hits.is_empty() {
@@ -160,7 +196,7 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
     if hits.iter().all(|h| h.weak) {
         println!("(only weak matches: nothing stands out as being about this)");
     }
-    let color = std::io::stdout().is_terminal();
+    let color = super::style::stdout();
     for (i, hit) in hits.iter().enumerate() {
         let title = printable(hit.title.as_deref().unwrap_or("(untitled)"));
         println!(
@@ -236,6 +272,9 @@ pub struct ShowArgs {
     /// Messages on each side of --around.
     #[arg(long, default_value_t = 5)]
     window: usize,
+    /// Print one JSON object: the session, the window's bounds and its messages.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run_show(args: ShowArgs) -> Result<()> {
@@ -280,6 +319,25 @@ pub fn run_show(args: ShowArgs) -> Result<()> {
             .saturating_add(1)
     }
     .min(messages.len());
+    if args.json {
+        let window: Vec<serde_json::Value> = messages[start..end]
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "id": m.id, "when": search::rfc3339(m.timestamp), "role": m.role,
+                    "text": m.text, "around": Some(m.id) == args.around,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "session_id": id, "profile": profile.as_deref().unwrap_or("default"),
+                "first": start + 1, "last": end, "total": messages.len(), "messages": window,
+            })
+        );
+        return Ok(());
+    }
     println!(
         "session {}: messages {}–{} of {}",
         printable(&id),

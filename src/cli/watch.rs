@@ -9,13 +9,15 @@ use recall::index::store::Store;
 use recall::watch::{self, Event, WatchOptions};
 use serde_json::json;
 
-use super::index::{ChunkArgs, HermesArgs};
+use super::index::{ChunkArgs, HermesArgs, RoleArgs};
 use super::{ModelArgs, ProviderArgs};
 
 #[derive(Args)]
 pub struct WatchArgs {
     #[command(flatten)]
     hermes: HermesArgs,
+    #[command(flatten)]
+    roles: RoleArgs,
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
@@ -43,7 +45,7 @@ pub fn run(args: WatchArgs) -> Result<()> {
     let store = Store::open(&index_path)?;
     let chain = args.providers.chain(&args.model, store.model_dir()?)?;
     let options = IndexOptions {
-        selection: args.hermes.selection()?,
+        selection: args.roles.selection()?,
         chunk: args.chunk.params_for(&chain, store.identity()?.as_ref()),
         rebuild: false,
     };

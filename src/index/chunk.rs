@@ -96,7 +96,7 @@ fn ceil_boundary(text: &str, mut i: usize) -> usize {
 
 /// How chunks are measured: in the model's own tokens when recall has its
 /// tokenizer (always, with the local engine in the chain), else by an
-/// estimate that over-counts (`provider::estimate_tokens`).
+/// estimate that over-counts (`tokenize::estimate_tokens`).
 #[derive(Clone, Copy)]
 pub enum Chunker<'a> {
     Tokens(&'a TextTokenizer),
@@ -134,7 +134,7 @@ fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
     // Costs in thirds of a token: CJK 3, other visible characters 1.
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let cost = |c: char| -> usize {
-        if crate::provider::is_cjk(c) {
+        if crate::tokenize::is_cjk(c) {
             3
         } else if c.is_whitespace() {
             0
@@ -199,7 +199,7 @@ mod tests {
         assert!(chunks.len() > 3);
         for c in &chunks {
             assert!(
-                crate::provider::estimate_tokens(c) <= params.window + 1,
+                crate::tokenize::estimate_tokens(c) <= params.window + 1,
                 "{c:?}"
             );
         }

@@ -7,6 +7,7 @@
 
 pub mod chunk;
 pub mod guard;
+pub mod reads;
 pub mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -23,9 +24,10 @@ use crate::embedder::Embedder;
 use crate::provider::{Chain, Input, Provider, SAME_SPACE_COSINE, Unavailable, Vector};
 use crate::source::files;
 use crate::source::hermes::{HIDDEN_SOURCES, Message, Profile, Selection, Session, StateDb};
+use crate::space::Identity;
 use crate::tokenize::Tokens;
 use chunk::{ChunkParams, Chunker};
-use store::{ChunkRow, Identity, MessageRow, SessionRow, Store};
+use store::{ChunkRow, MessageRow, SessionRow, Store};
 
 /// Tokens embedded per group (one writer transaction per group).
 const GROUP_TOKENS: usize = 16_384;
@@ -467,8 +469,8 @@ impl<'a> Embedders<'a> {
             // gives the vectors the index holds. Failing to answer is not a verdict.
             match self.same_vectors(p) {
                 Ok(()) => None,
-                Err((why, false)) => return Err(why),
-                Err((why, true)) => Some(Refusal {
+                Err(NotSame::Unanswered(why)) => return Err(why),
+                Err(NotSame::Different(why)) => Some(Refusal {
                     why,
                     other_model: false,
                 }),
@@ -484,8 +486,8 @@ impl<'a> Embedders<'a> {
         verdict.map_or(Ok(()), |r| Err(r.why))
     }
 
-    /// Err((why, whether that is a verdict)): a failure to answer is not.
-    fn same_vectors(&self, p: &dyn Provider) -> Result<(), (String, bool)> {
+    /// Whether `p` gives the vectors stored for the sample passages.
+    fn same_vectors(&self, p: &dyn Provider) -> Result<(), NotSame> {
         if self.sample.is_empty() {
             return Ok(());
         }
@@ -496,7 +498,7 @@ impl<'a> Embedders<'a> {
             .collect();
         let vectors = p
             .embed(&inputs, false)
-            .map_err(|e| (format!("{e:#}"), false))?;
+            .map_err(|e| NotSame::Unanswered(format!("{e:#}")))?;
         let mean = self
             .sample
             .iter()
@@ -505,14 +507,11 @@ impl<'a> Embedders<'a> {
             .sum::<f32>()
             / self.sample.len() as f32;
         if mean.is_nan() || mean < SAME_SPACE_COSINE {
-            return Err((
-                format!(
-                    "its vectors are not the index's: mean cosine {mean:.3} over {} stored passages (at least {SAME_SPACE_COSINE} needed); \
+            return Err(NotSame::Different(format!(
+                "its vectors are not the index's: mean cosine {mean:.3} over {} stored passages (at least {SAME_SPACE_COSINE} needed); \
                  another model behind the same name? Set its `space` in config.toml, or rebuild the index with it",
-                    self.sample.len()
-                ),
-                true,
-            ));
+                self.sample.len()
+            )));
         }
         tracing::info!(
             "{}: mean cosine {mean:.5} to the index's own vectors",
@@ -714,7 +713,7 @@ impl Stage<'_> {
                             Chunker::Estimate => None,
                         };
                         let token_count = tokens.as_ref().map_or_else(
-                            || crate::provider::estimate_tokens(&text),
+                            || crate::tokenize::estimate_tokens(&text),
                             |t| t.ids.len(),
                         );
                         Ok(PendingChunk {
@@ -967,4 +966,12 @@ pub fn lag(store: &Store, profiles: &[Profile], selection: &Selection) -> Result
             .count();
     }
     Ok(behind)
+}
+
+/// Why a provider's vectors were not found to be the index's.
+enum NotSame {
+    /// It did not answer: asked again next time, no verdict.
+    Unanswered(String),
+    /// It answered with other vectors: a verdict that stays.
+    Different(String),
 }

@@ -16,120 +16,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::{Deserialize, Serialize};
 
 use super::guard;
 use crate::source::hermes::Session;
+use crate::space::Identity;
 
 /// Bumped when the layout below changes incompatibly.
 const LAYOUT_VERSION: i64 = 2;
-
-/// What the vectors in an index are: never mix two of these.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Identity {
-    /// The kind of provider that built the index (`local`, `ollama`, `openai`).
-    pub provider: String,
-    pub model: String,
-    /// The model family (see `provider::family_of`); older indexes lack it
-    /// and take it from `model`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub family: String,
-    pub revision: String,
-    /// Size of the weights file: a changed file under the same name is another model.
-    pub weights_bytes: u64,
-    pub dimension: usize,
-    pub normalized: bool,
-    pub sparse: bool,
-    pub chunk_tokens: usize,
-    pub chunk_overlap: usize,
-}
-
-impl Identity {
-    /// The vector space: what another provider must match to write into or search the index.
-    pub fn space(&self) -> crate::provider::Space {
-        crate::provider::Space {
-            family: if self.family.is_empty() {
-                crate::provider::family_of(&self.model)
-            } else {
-                self.family.clone()
-            },
-            dimension: self.dimension,
-            normalized: self.normalized,
-        }
-    }
-
-    /// `self` cut into chunks as `window`/`overlap` say (a provider's own
-    /// identity knows nothing of chunking).
-    pub fn chunked(mut self, window: usize, overlap: usize) -> Identity {
-        self.chunk_tokens = window;
-        self.chunk_overlap = overlap;
-        self
-    }
-
-    /// Whether vectors made under `other` may join an index bound to `self`:
-    /// the same space and chunking, and, from the same kind of provider, the
-    /// very same local model (changed weights are another model, whatever their name).
-    pub fn accepts(&self, other: &Identity) -> bool {
-        let both_local = self.provider == "local" && other.provider == "local";
-        self.space() == other.space()
-            && self.chunk_tokens == other.chunk_tokens
-            && self.chunk_overlap == other.chunk_overlap
-            && (!both_local || self.embedding_key() == other.embedding_key())
-    }
-
-    /// The part that decides the vectors (not the chunking): the embedding cache's namespace.
-    pub fn embedding_key(&self) -> String {
-        format!(
-            "{}|{}|{}|{}|{}",
-            self.provider, self.model, self.revision, self.weights_bytes, self.dimension
-        )
-    }
-
-    /// What differs from `other`, for the refusal message.
-    pub fn differences(&self, other: &Identity) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut cmp = |what: &str, a: String, b: String| {
-            if a != b {
-                out.push(format!("{what}: index has {a}, now {b}"));
-            }
-        };
-        cmp("provider", self.provider.clone(), other.provider.clone());
-        cmp("model", self.model.clone(), other.model.clone());
-        cmp("model family", self.space().family, other.space().family);
-        cmp("revision", self.revision.clone(), other.revision.clone());
-        cmp(
-            "weights size",
-            self.weights_bytes.to_string(),
-            other.weights_bytes.to_string(),
-        );
-        cmp(
-            "dimension",
-            self.dimension.to_string(),
-            other.dimension.to_string(),
-        );
-        cmp(
-            "normalised",
-            self.normalized.to_string(),
-            other.normalized.to_string(),
-        );
-        cmp(
-            "sparse weights",
-            self.sparse.to_string(),
-            other.sparse.to_string(),
-        );
-        cmp(
-            "chunk tokens",
-            self.chunk_tokens.to_string(),
-            other.chunk_tokens.to_string(),
-        );
-        cmp(
-            "chunk overlap",
-            self.chunk_overlap.to_string(),
-            other.chunk_overlap.to_string(),
-        );
-        out
-    }
-}
 
 /// A session row of the index: the source's session, placed in its lineage.
 #[derive(Debug, Clone)]
@@ -459,6 +352,9 @@ impl Store {
         &self.path
     }
 
+    /// The connection, for the index's own modules (`reads.rs`) and for
+    /// tests that inspect the file; the application reads through `reads.rs`.
+    #[doc(hidden)]
     pub fn conn(&self) -> &Connection {
         &self.conn
     }
@@ -760,6 +656,8 @@ impl Store {
             .query_row("SELECT EXISTS (SELECT 1 FROM chunks)", [], |r| r.get(0))?)
     }
 
+    /// One number from `sql`: for tests that inspect the file.
+    #[doc(hidden)]
     pub fn count(&self, sql: &str) -> Result<i64> {
         Ok(self.conn.query_row(sql, [], |r| r.get(0))?)
     }

@@ -11,8 +11,9 @@ use anyhow::{Context, Result, bail};
 use hf_hub::api::sync::{Api, ApiBuilder};
 use hf_hub::{Cache, Repo, RepoType};
 
-use super::locate::{DEFAULT_REPO, home_dir, hub_cache_dir};
+use super::locate::{DEFAULT_REPO, hub_cache_dir};
 use super::manifest::{FileEntry, Manifest, is_sha256, manifest_path, sha256_file};
+use crate::paths::home_dir;
 
 /// The files of BAAI/bge-m3 that recall needs.
 pub const BGE_M3_FILES: [&str; 9] = [

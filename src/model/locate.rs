@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use crate::paths::home_dir;
+
 /// The model recall uses when none is named.
 pub const DEFAULT_REPO: &str = "BAAI/bge-m3";
 /// The BAAI/bge-m3 revision recall is tested against.
@@ -33,12 +35,6 @@ pub fn hub_cache_dir() -> Option<PathBuf> {
         return Some(PathBuf::from(home).join("hub"));
     }
     home_dir().map(|h| h.join(".cache").join("huggingface").join("hub"))
-}
-
-pub fn home_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
 }
 
 /// recall's own cache (converted weights): `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.

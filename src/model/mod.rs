@@ -112,7 +112,16 @@ impl ModelFiles {
         }
         let cached = converted_path(&self.weights, cache_dir)?;
         if cached.is_file() {
-            return Ok((cached, false));
+            // The size is checked at every start (free); the hash by `recall model verify`.
+            match ConvertedRecord::read(&cached) {
+                Some(record) if record.size == std::fs::metadata(&cached)?.len() => {
+                    return Ok((cached, false));
+                }
+                _ => tracing::warn!(
+                    "{}: not the copy that was converted (its size or record differs): converting again",
+                    cached.display()
+                ),
+            }
         }
         let started = Instant::now();
         tracing::info!(
@@ -121,8 +130,75 @@ impl ModelFiles {
             cached.display()
         );
         weights::convert_pth_to_safetensors(&self.weights, &cached, progress)?;
+        ConvertedRecord::write(&cached)?;
         tracing::info!("converted in {:.1}s", started.elapsed().as_secs_f64());
         Ok((cached, true))
+    }
+
+    /// For `recall model verify`: the converted copy, if this model runs
+    /// from one, checked against the SHA-256 recorded when it was written.
+    /// A copy that does not match is removed, so that the next start
+    /// converts the checkpoint again. None when the model needs no copy or
+    /// none was made yet.
+    pub fn verify_converted(
+        &self,
+        cache_dir: &Path,
+    ) -> Result<Option<(PathBuf, Result<(), String>)>> {
+        if self.weights.extension().is_some_and(|e| e == "safetensors") {
+            return Ok(None);
+        }
+        let cached = converted_path(&self.weights, cache_dir)?;
+        if !cached.is_file() {
+            return Ok(None);
+        }
+        let verdict = match ConvertedRecord::read(&cached) {
+            None => Err("no record of its SHA-256".to_string()),
+            Some(record) => {
+                let sha = manifest::sha256_file(&cached)?;
+                if sha == record.sha256 {
+                    Ok(())
+                } else {
+                    Err(format!("SHA-256 {sha}, recorded {}", record.sha256))
+                }
+            }
+        };
+        if verdict.is_err() {
+            std::fs::remove_file(&cached)
+                .with_context(|| format!("cannot remove {}", cached.display()))?;
+        }
+        Ok(Some((cached, verdict)))
+    }
+}
+
+/// What was written when a checkpoint was converted: the copy's size and
+/// SHA-256, beside it (`model.safetensors.sha256`).
+struct ConvertedRecord {
+    sha256: String,
+    size: u64,
+}
+
+impl ConvertedRecord {
+    fn path(copy: &Path) -> PathBuf {
+        copy.with_extension("safetensors.sha256")
+    }
+
+    fn write(copy: &Path) -> Result<()> {
+        let line = format!(
+            "{} {}\n",
+            manifest::sha256_file(copy)?,
+            std::fs::metadata(copy)?.len()
+        );
+        std::fs::write(Self::path(copy), line)
+            .with_context(|| format!("cannot write {}", Self::path(copy).display()))
+    }
+
+    fn read(copy: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(Self::path(copy)).ok()?;
+        let (sha256, size) = text.trim().split_once(' ')?;
+        Some(Self {
+            sha256: sha256.to_string(),
+            size: size.parse().ok()?,
+        })
     }
 }
 
@@ -130,6 +206,15 @@ impl ModelFiles {
 /// checkpoint's path, size and modification time, so a changed file is
 /// converted again.
 pub fn converted_path(checkpoint: &Path, cache_dir: &Path) -> Result<PathBuf> {
+    Ok(cache_dir
+        .join("converted")
+        .join(file_key(checkpoint)?)
+        .join("model.safetensors"))
+}
+
+/// A short key for a file as it is now: its canonical path, size and
+/// modification time (a file changed or replaced gets another key).
+pub fn file_key(checkpoint: &Path) -> Result<String> {
     let meta = std::fs::metadata(checkpoint)
         .with_context(|| format!("cannot read {}", checkpoint.display()))?;
     let canonical = checkpoint
@@ -144,16 +229,12 @@ pub fn converted_path(checkpoint: &Path, cache_dir: &Path) -> Result<PathBuf> {
     hash.update(canonical.to_string_lossy().as_bytes());
     hash.update(meta.len().to_le_bytes());
     hash.update(mtime.to_le_bytes());
-    let key: String = hash
+    Ok(hash
         .finalize()
         .iter()
         .take(12)
         .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(cache_dir
-        .join("converted")
-        .join(key)
-        .join("model.safetensors"))
+        .collect())
 }
 
 /// BGE-M3 without its heads must be refused, not run as a plain encoder.

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use super::http::Policy;
 use super::remote::Remote;
 use super::{Chain, Input, Kind, Provider, Vector, ollama, openai};
-use crate::index::store::Identity;
+use crate::space::Identity;
 
 /// A secret that never appears in `Debug` output, logs or messages.
 #[derive(Clone, Deserialize)]

@@ -8,7 +8,7 @@ use anyhow::{Result, anyhow};
 
 use super::{Input, Kind, Provider, Vector, family_of};
 use crate::embedder::{Embedder, Outputs};
-use crate::index::store::Identity;
+use crate::space::Identity;
 
 type Loader = Box<dyn Fn() -> Result<Embedder> + Send + Sync>;
 
@@ -108,9 +108,16 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
         crate::Dtype::F32 => revision,
         crate::Dtype::Q8 => format!("{revision}+{}", crate::quant::Kernel::get().revision_tag()),
     };
+    // A model is known by what it is, not by its folder's name: one with
+    // BGE-M3's heads is BGE-M3, as `recall serve` names it to its clients.
+    let own_family = if info.sparse {
+        "bge-m3".to_string()
+    } else {
+        family_of(&model)
+    };
     Identity {
         provider: Kind::Local.as_str().into(),
-        family: family.map_or_else(|| family_of(&model), str::to_string),
+        family: family.map_or(own_family, str::to_string),
         model,
         revision,
         weights_bytes: std::fs::metadata(&info.weights)

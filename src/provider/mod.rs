@@ -21,37 +21,12 @@ use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 
 use crate::embedder::{Embedder, Embedding, Outputs};
-use crate::index::store::Identity;
+use crate::space::Identity;
 use crate::tokenize::Tokens;
 
 pub use config::{Config, ProviderConfig};
 
-/// What a vector means. Two providers of one space give interchangeable vectors.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Space {
-    /// The model family: `bge-m3` for BAAI/bge-m3 and Ollama's `bge-m3:latest` alike.
-    pub family: String,
-    pub dimension: usize,
-    pub normalized: bool,
-}
-
-impl std::fmt::Display for Space {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}, {} dims", self.family, self.dimension)?;
-        if !self.normalized {
-            write!(f, ", not normalised")?;
-        }
-        Ok(())
-    }
-}
-
-/// The family a model name belongs to: `BAAI/bge-m3` and `bge-m3:latest` are both `bge-m3`.
-pub fn family_of(model: &str) -> String {
-    let name = model.trim().trim_end_matches('/');
-    let name = name.rsplit('/').next().unwrap_or(name);
-    let name = name.split(':').next().unwrap_or(name);
-    name.to_ascii_lowercase()
-}
+pub use crate::space::{Space, family_of};
 
 /// The mean cosine that a sample of an index's stored vectors must reach
 /// when re-embedded by another provider before it may write into the index.
@@ -188,28 +163,6 @@ pub fn check_vectors(
             Ok(v)
         })
         .collect()
-}
-
-/// A rough token count for providers whose tokenizer recall lacks: CJK
-/// characters count one each, other text one per three characters (more
-/// than real tokenizers give, so chunks stay under the window).
-pub fn estimate_tokens(text: &str) -> usize {
-    let mut tokens = 0usize;
-    let mut other = 0usize;
-    for c in text.chars() {
-        if is_cjk(c) {
-            tokens += 1;
-        } else if !c.is_whitespace() {
-            other += 1;
-        }
-    }
-    tokens + other.div_ceil(3) + 2
-}
-
-pub fn is_cjk(c: char) -> bool {
-    matches!(c as u32,
-        0x1100..=0x11FF | 0x2E80..=0x9FFF | 0xA960..=0xA97F | 0xAC00..=0xD7FF
-        | 0xF900..=0xFAFF | 0xFF00..=0xFFEF | 0x20000..=0x3FFFF)
 }
 
 /// Providers in the order they are tried.

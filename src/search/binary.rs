@@ -105,11 +105,7 @@ pub fn path_for(index: &Path) -> PathBuf {
 /// The number of vectors in the index, cheaply (ids are dense unless many
 /// chunks were deleted, so this errs on the large side).
 pub fn approximate_len(store: &Store) -> Result<i64> {
-    Ok(store.conn().query_row(
-        "SELECT coalesce(max(chunk_id), 0) FROM chunk_codes",
-        [],
-        |r| r.get(0),
-    )?)
+    store.last_code_id()
 }
 
 impl CodeFile {
@@ -127,10 +123,7 @@ impl CodeFile {
         lock.lock()
             .with_context(|| format!("cannot lock {}", lock_path(&path).display()))?;
         // A read snapshot, not the write lock that the index's transactions take.
-        let tx = rusqlite::Transaction::new_unchecked(
-            store.conn(),
-            rusqlite::TransactionBehavior::Deferred,
-        )?;
+        let tx = store.read_snapshot()?;
         let state = IndexState::read(store)?;
         let record = 8 + code_bytes(state.dimension as usize);
         let header = read_header(&path);
@@ -333,14 +326,8 @@ fn write_codes(
     sum: &mut Checksum,
     out: &mut impl Write,
 ) -> Result<(u64, i64)> {
-    let mut stmt = store
-        .conn()
-        .prepare("SELECT chunk_id, code FROM chunk_codes WHERE chunk_id > ? ORDER BY chunk_id")?;
-    let mut rows = stmt.query([after])?;
     let (mut count, mut last) = (0u64, after);
-    while let Some(row) = rows.next()? {
-        let id: i64 = row.get(0)?;
-        let code = row.get_ref(1)?.as_blob()?;
+    store.codes_after(after, |id, code| {
         if code.len() + 8 != record {
             bail!(
                 "chunk {id} has a {}-byte code where {} bytes were expected: run `recall index --rebuild`",
@@ -354,7 +341,8 @@ fn write_codes(
         sum.update(code);
         count += 1;
         last = id;
-    }
+        Ok(())
+    })?;
     Ok((count, last))
 }
 

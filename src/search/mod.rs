@@ -12,21 +12,20 @@ pub mod vector;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context, Result, bail};
-use rusqlite::params_from_iter;
-use rusqlite::types::Value as SqlValue;
 use serde::{Deserialize, Serialize};
 
 use crate::embedder::{Embedder, Outputs};
-use crate::index::store::{Identity, Store};
+use crate::index::store::Store;
 use crate::provider::Provider;
 use crate::score;
+use crate::space::Identity;
 
 /// Hermes caps FTS queries at this many characters.
 const MAX_KEYWORD_QUERY_CHARS: usize = 2048;
 /// Longest snippet, in characters.
 const SNIPPET_CHARS: usize = 240;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fusion {
     /// Reciprocal rank fusion of the three signals.
@@ -36,7 +35,7 @@ pub enum Fusion {
 }
 
 /// Which signals to use: all three, or one alone (for comparisons).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Signals {
     Hybrid,
@@ -147,31 +146,26 @@ pub struct SessionHit {
     pub lineage_root: String,
 }
 
+/// How a search ran: by meaning and words, or by words alone when no
+/// embedding was possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Hybrid,
+    Keyword,
+}
+
 /// How the search ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct SearchInfo {
-    /// `hybrid`, or `keyword` when no embedding was possible.
-    pub mode: String,
+    /// Whether the query was embedded.
+    pub mode: Mode,
     pub candidates: usize,
     /// Why the query was not embedded, when a provider failed (keyword-only then).
     pub note: Option<String>,
 }
 
-#[derive(Debug, Clone)]
-struct Chunk {
-    id: i64,
-    profile: String,
-    session_id: String,
-    message_id: i64,
-    role: String,
-    timestamp: f64,
-    text: String,
-    source: String,
-    title: Option<String>,
-    model: Option<String>,
-    lineage_root: String,
-    hidden: bool,
-}
+type Chunk = crate::index::reads::StoredChunk;
 
 /// Searches `store` for `query`. `provider` must give vectors of the
 /// index's space (see `query_provider`); without one, the search is
@@ -374,14 +368,14 @@ pub fn search(
     }
     results.truncate(options.limit);
     let mode = if embedded.is_some() {
-        "hybrid"
+        Mode::Hybrid
     } else {
-        "keyword"
+        Mode::Keyword
     };
     Ok((
         results,
         SearchInfo {
-            mode: mode.into(),
+            mode,
             candidates,
             note,
         },
@@ -521,13 +515,19 @@ fn check_model(provider: &dyn Provider, identity: &Identity) -> Result<()> {
     Ok(())
 }
 
+/// Who embeds a search's query.
+pub enum QueryEmbedder {
+    /// The first provider of the chain that may search the index.
+    Ready(std::sync::Arc<dyn Provider>),
+    /// None can now (down, or not answering): search is keyword-only.
+    Unavailable(crate::provider::Unavailable),
+}
+
 /// The first provider of `chain` that can embed queries for the index in
 /// `store` (the same checks as for writing into it, see
-/// `index::Embedders`), or why none can (search is then keyword-only).
-pub fn query_provider(
-    chain: &crate::provider::Chain,
-    store: &Store,
-) -> Result<Result<std::sync::Arc<dyn Provider>, crate::provider::Unavailable>> {
+/// `index::Embedders`), or why none can now. Providers that all give
+/// another model's vectors are an error: a setup to fix, not an outage.
+pub fn query_provider(chain: &crate::provider::Chain, store: &Store) -> Result<QueryEmbedder> {
     let identity = store
         .identity()?
         .context("the index is empty: run `recall index` first")?;
@@ -535,7 +535,7 @@ pub fn query_provider(
     let mut reasons = Vec::new();
     for p in chain.providers() {
         match embedders.may_write(p.as_ref()) {
-            Ok(()) => return Ok(Ok(p.clone())),
+            Ok(()) => return Ok(QueryEmbedder::Ready(p.clone())),
             Err(why) => reasons.push((p.name().to_string(), why)),
         }
     }
@@ -551,7 +551,7 @@ pub fn query_provider(
                 .join("\n  ")
         );
     }
-    Ok(Err(crate::provider::Unavailable {
+    Ok(QueryEmbedder::Unavailable(crate::provider::Unavailable {
         space: Some(identity.space()),
         reasons,
     }))
@@ -636,26 +636,13 @@ fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<Keyword> {
         .collect();
     let query = query.trim();
     let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-    let run = |fts: &str| -> Result<Vec<(i64, f64)>> {
-        let mut stmt = store
-            .conn()
-            .prepare_cached("SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts) LIMIT ?")?;
-        let rows = stmt.query_map(rusqlite::params![fts, k as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    };
+    let run = |fts: &str| store.keyword_matches(fts, k);
     if query.is_empty() {
         return Ok(Keyword::default());
     }
     let (phrase, all_words) = if query.chars().count() < 3 {
-        let mut stmt = store
-            .conn()
-            .prepare_cached("SELECT id FROM chunks WHERE instr(text, ?) > 0 LIMIT ?")?;
-        let rows = stmt.query_map(rusqlite::params![query, k as i64], |r| {
-            Ok((r.get(0)?, -1.0))
-        })?;
-        (rows.collect::<rusqlite::Result<Vec<_>>>()?, Vec::new())
+        let hits = store.substring_matches(query, k)?;
+        (hits.into_iter().map(|id| (id, -1.0)).collect(), Vec::new())
     } else {
         let words: Vec<String> = query
             .split_whitespace()
@@ -687,66 +674,19 @@ fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<Keyword> {
 /// Passages of the sessions whose title holds the whole query (any case):
 /// Hermes's own search looks at titles first. The first passage of each.
 fn title_candidates(store: &Store, query: &str, k: usize) -> Result<Vec<i64>> {
-    let mut stmt = store.conn().prepare_cached(
-        "SELECT MIN(c.id) FROM sessions s JOIN chunks c ON c.profile = s.profile AND c.session_id = s.id
-         WHERE s.hidden = 0 AND instr(lower(s.title), lower(?)) > 0 GROUP BY s.profile, s.id LIMIT ?",
-    )?;
-    let rows = stmt.query_map(rusqlite::params![query, k as i64], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    store.title_matches(query, k)
 }
 
 fn sparse_candidates(store: &Store, query: &BTreeMap<u32, f32>, k: usize) -> Result<Vec<i64>> {
-    if query.is_empty() {
-        return Ok(Vec::new());
-    }
-    let values = vec!["(?, ?)"; query.len()].join(", ");
-    let sql = format!(
-        "WITH q(token_id, weight) AS (VALUES {values}) \
-         SELECT s.chunk_id, SUM(s.weight * q.weight) AS score FROM chunk_sparse s JOIN q USING (token_id) \
-         GROUP BY s.chunk_id ORDER BY score DESC LIMIT ?"
-    );
-    let mut params: Vec<SqlValue> = Vec::with_capacity(query.len() * 2 + 1);
-    for (id, w) in query {
-        params.push(SqlValue::Integer(*id as i64));
-        params.push(SqlValue::Real(*w as f64));
-    }
-    params.push(SqlValue::Integer(k as i64));
-    let mut stmt = store.conn().prepare(&sql)?;
-    let rows = stmt.query_map(params_from_iter(params), |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    store.sparse_matches(query, k)
 }
 
 fn load_chunks(store: &Store, ids: &[i64]) -> Result<HashMap<i64, Chunk>> {
     let mut out = HashMap::with_capacity(ids.len());
-    let mut stmt = store.conn().prepare_cached(
-        "SELECT c.id, c.profile, c.session_id, c.message_id, c.role, c.timestamp, c.text,
-                COALESCE(s.source, ''), s.title, s.model, COALESCE(s.lineage_root, c.session_id), COALESCE(s.hidden, 0)
-         FROM chunks c LEFT JOIN sessions s ON s.profile = c.profile AND s.id = c.session_id WHERE c.id = ?",
-    )?;
-    for id in ids {
-        let chunk = stmt.query_row([id], |r| {
-            Ok(Chunk {
-                id: r.get(0)?,
-                profile: r.get(1)?,
-                session_id: r.get(2)?,
-                message_id: r.get(3)?,
-                role: r.get(4)?,
-                timestamp: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
-                text: r.get(6)?,
-                source: r.get(7)?,
-                title: r.get(8)?,
-                model: r.get(9)?,
-                lineage_root: r.get(10)?,
-                hidden: r.get(11)?,
-            })
-        });
-        match chunk {
-            Ok(c) => {
-                out.insert(c.id, c);
-            }
-            // Deleted by an indexer running beside us: skip it.
-            Err(rusqlite::Error::QueryReturnedNoRows) => {}
-            Err(e) => return Err(e.into()),
+    for &id in ids {
+        // A passage deleted by an indexer running beside us is skipped.
+        if let Some(c) = store.stored_chunk(id)? {
+            out.insert(id, c);
         }
     }
     Ok(out)

@@ -11,7 +11,7 @@
 //!
 //! Every constant of `Ranking::default()` was chosen on the dev half of the
 //! evaluation in `tests/hermes/eval/` and only scored on its test half
-//! (README, "Search quality").
+//! (docs/search.md, "Search quality").
 
 use super::Fusion;
 

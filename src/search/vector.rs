@@ -8,10 +8,9 @@
 //! the exact top 10 that the binary path returns.
 
 use anyhow::Result;
-use rusqlite::OptionalExtension;
 
 use super::binary::{self, CodeFile};
-use crate::index::store::{Store, blob_f32, cache_key, f32_blob};
+use crate::index::store::{Store, blob_f32, cache_key};
 
 /// Indexes below this many vectors are scanned exactly (~20 ms at 10,000
 /// vectors of 1024 dims on a 2-core machine).
@@ -59,13 +58,7 @@ pub fn knn(store: &Store, query: &[f32], k: usize, strategy: Strategy) -> Result
             Err(e) => return Err(e),
         }
     }
-    let mut stmt = store.conn().prepare_cached(
-        "SELECT chunk_id, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? ORDER BY distance",
-    )?;
-    let rows = stmt.query_map(rusqlite::params![f32_blob(query), k as i64], |r| {
-        Ok((r.get(0)?, r.get::<_, f64>(1)? as f32))
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    store.nearest_vectors(query, k)
 }
 
 fn rescored(store: &Store, codes: &CodeFile, query: &[f32], k: usize) -> Result<Vec<(i64, f32)>> {
@@ -105,30 +98,17 @@ impl<'a> StoredVectors<'a> {
     }
 
     pub fn get(&self, chunk_id: i64) -> Result<Option<Vec<f32>>> {
-        let conn = self.store.conn();
-        let Some(text): Option<String> = conn
-            .prepare_cached("SELECT text FROM chunks WHERE id = ?")?
-            .query_row([chunk_id], |r| r.get(0))
-            .optional()?
-        else {
-            return Ok(None);
-        };
-        self.get_by_text(chunk_id, &text)
+        match self.store.chunk_text(chunk_id)? {
+            Some(text) => self.get_by_text(chunk_id, &text),
+            None => Ok(None),
+        }
     }
 
     /// The vector of chunk `chunk_id`, whose text is `text`.
     pub fn get_by_text(&self, chunk_id: i64, text: &str) -> Result<Option<Vec<f32>>> {
-        let conn = self.store.conn();
-        let cached: Option<Vec<u8>> = conn
-            .prepare_cached("SELECT dense FROM embed_cache WHERE key = ?")?
-            .query_row([cache_key(&self.namespace, text)], |r| r.get(0))
-            .optional()?;
-        let blob = match cached {
+        let blob = match self.store.cached_dense(&cache_key(&self.namespace, text))? {
             Some(b) => Some(b),
-            None => conn
-                .prepare_cached("SELECT embedding FROM chunks_vec WHERE chunk_id = ?")?
-                .query_row([chunk_id], |r| r.get(0))
-                .optional()?,
+            None => self.store.stored_vector(chunk_id)?,
         };
         Ok(blob.map(|b| blob_f32(&b)))
     }
@@ -153,18 +133,12 @@ pub fn sample_similarities(
     query: &[f32],
     normalized: bool,
 ) -> Result<Vec<(i64, f32)>> {
-    let conn = store.conn();
-    let last: i64 = conn.query_row("SELECT COALESCE(MAX(id), 0) FROM chunks", [], |r| r.get(0))?;
-    let mut next =
-        conn.prepare_cached("SELECT id, text FROM chunks WHERE id >= ? ORDER BY id LIMIT 1")?;
+    let last = store.last_chunk_id()?;
     let vectors = StoredVectors::new(store)?;
     let mut out: Vec<(i64, f32)> = Vec::with_capacity(SAMPLE as usize);
     for i in 0..SAMPLE {
         let at = 1 + i * last / SAMPLE;
-        let Some((id, text)): Option<(i64, String)> = next
-            .query_row([at], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?
-        else {
+        let Some((id, text)) = store.chunk_at_or_after(at)? else {
             continue;
         };
         if out.last().is_none_or(|(prev, _)| *prev != id)

@@ -35,7 +35,7 @@ pub use batcher::{BatchError, Batcher};
 pub use metrics::Metrics;
 
 use crate::embedder::{Embedder, Embedding, Outputs};
-use crate::index::store::Identity;
+use crate::space::Identity;
 use crate::tokenize::Tokens;
 
 /// Requests of at most this many tokens in all go to the query lane.

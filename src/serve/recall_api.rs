@@ -179,9 +179,9 @@ async fn info(State(state): State<Shared>) -> Json<Value> {
         "outputs": {"dense": true, "sparse": info.sparse, "colbert": info.colbert_dim.is_some()},
         "colbert_dimension": info.colbert_dim,
         "normalized": info.normalize,
-        "device": match crate::default_device() {
-            Ok(d) if d.is_cuda() => "cuda",
-            Ok(d) if d.is_metal() => "metal",
+        "device": match state.embedder.device() {
+            d if d.is_cuda() => "cuda",
+            d if d.is_metal() => "metal",
             _ => "cpu",
         },
         "max_input_length": info.max_length,

@@ -42,7 +42,7 @@ pub fn default_home() -> Option<PathBuf> {
     if let Some(h) = std::env::var_os("HERMES_HOME").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(h));
     }
-    crate::model::locate::home_dir().map(|h| h.join(".hermes"))
+    crate::paths::home_dir().map(|h| h.join(".hermes"))
 }
 
 /// The profiles to read: the home itself ("default"), one named profile, or all of them.

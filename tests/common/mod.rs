@@ -151,21 +151,33 @@ pub fn recall_on(command: &[&str], home: &Path, model: &Path, extra: &[&str]) ->
 /// Runs the `recall` binary (no stdin, a shared conversion cache, no
 /// RECALL_MODEL or HERMES_HOME from outside): (success, stdout, stderr).
 pub fn recall_cli(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args(args)
+    let (code, out, err) = recall_env(args, &[]);
+    (code == 0, out, err)
+}
+
+/// `recall_cli` with ENVS set, and none of RECALL_LOG, RECALL_DTYPE and
+/// NO_COLOR from outside: (exit code, stdout, stderr).
+pub fn recall_env(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_recall"));
+    cmd.args(args)
         .env(
             "RECALL_CACHE_DIR",
             std::env::temp_dir().join("recall-test-cache"),
         )
         .env_remove("RECALL_MODEL")
         .env_remove("HERMES_HOME")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+        .env_remove("RECALL_LOG")
+        .env_remove("RECALL_DTYPE")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
     (
-        out.status.success(),
+        out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr,
     )
@@ -308,4 +320,43 @@ pub fn recall_without_root(args: &[&str], cache: &Path) -> (bool, String, String
 pub fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A copy of the model in `src` (safetensors weights) with outlier
+/// channels, as real checkpoints of the RoBERTa family have: in every
+/// encoder LayerNorm (weight and bias), the first `channels` of
+/// `OUTLIER_CHANNELS` scaled by `factor`. It simulates the kind of
+/// activations int8 finds hard; it is another model, and says nothing of
+/// how large the real BGE-M3's outliers are or where they sit.
+pub fn outlier_model(src: &Path, channels: usize, factor: f32) -> (tempfile::TempDir, PathBuf) {
+    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+    const OUTLIER_CHANNELS: [usize; 4] = [3, 17, 29, 11];
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join(format!(
+        "{}-outliers-{channels}x{factor}",
+        src.file_name().unwrap().to_string_lossy()
+    ));
+    copy_dir(src, &dst, &["model.safetensors", "pytorch_model.bin"]);
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let tensors = SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in tensors.tensors() {
+        let mut data = view.data().to_vec();
+        let layer_norm = name.contains("encoder.layer.") && name.contains("LayerNorm.");
+        if layer_norm {
+            assert_eq!(view.dtype(), Dtype::F32, "{name}");
+            for &c in &OUTLIER_CHANNELS[..channels] {
+                let at = c * 4..c * 4 + 4;
+                let v = f32::from_le_bytes(data[at.clone()].try_into().unwrap()) * factor;
+                data[at].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        out.push((name, view.dtype(), view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, TensorView)> = out
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+    (tmp, dst)
 }
