@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(1);
     let packed: Vec<_> = ws
         .iter()
-        .map(|w| recall::matmul::PackedLinear::pack(w, n, k))
+        .map(|w| recall::matmul::PackedLinear::<f32>::pack(w, n, k))
         .collect();
     let f32_time = best_of_5(|| {
         for w in packed.iter().cycle().take(mats * reps) {

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""recall's encoder beside ONNX Runtime (f32 and dynamic int8) and PyTorch,
-on the same weights, shapes and thread count, in one run: a table of
-tokens/s, the 1x16 query latency, peak memory, and recall's ratio to each
-(recall --dtype q8 for the int8 peers, f32 for the others).
+"""recall's encoder beside ONNX Runtime (f32 and dynamic int8) and PyTorch
+(f32 and bf16), on the same weights, shapes and thread count, in one run: a
+table of tokens/s, the 1x16 query latency, peak memory, and recall's ratio
+to each (recall --dtype q8 for the int8 peers, bf16 for torch-bf16, f32 for
+the others), under a line naming the CPU and its relevant flags.
 
     python scripts/bench_peers.py MODEL_DIR [--recall target/release/recall]
         [--shapes 1x16,1x128,8x128,4x512,1x2048] [--runs 5] [--threads 2]
-        [--peers ort,ort-int8,torch] [--dtypes f32,q8] [--rounds 1] [--json]
+        [--peers ort,ort-int8,torch,torch-bf16] [--dtypes f32,q8,bf16]
+        [--rounds 1] [--json]
 
 MODEL_DIR is an XLM-R (BGE-M3) directory such as models/bge-m3-random
 (scripts/make_full_bge_m3.py). The ONNX exports are made once into
@@ -52,7 +54,31 @@ def token_ids(batch, tokens, vocab, seed=0):
 
 
 def peak_rss_bytes():
+    """This process's own peak (VmHWM). getrusage's ru_maxrss is not: a
+    process started after the parent's ONNX export reports the parent's
+    peak as its own."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cpu_line():
+    """The CPU model and the flags that decide recall's and its peers' kernels."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]
+    have = [f for f in wanted if f in flags]
+    return f"{model}; {' '.join(have) if have else 'none of ' + ' '.join(wanted)}"
 
 
 def time_runs(fn, runs):
@@ -140,6 +166,9 @@ def run_peer(peer, model_dir, shapes, runs, threads):
 
         torch.set_num_threads(threads)
         model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        if peer == "torch-bf16":
+            # What a sentence-transformers user writes: the whole model in bf16.
+            model = model.to(torch.bfloat16)
 
         def forward(ids):
             with torch.inference_mode():
@@ -198,8 +227,8 @@ def main():
     ap.add_argument("--shapes", default="1x16,1x128,8x128,4x512,1x2048")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--peers", default="ort,ort-int8,torch")
-    ap.add_argument("--dtypes", default="f32,q8", help="recall's --dtype values to run")
+    ap.add_argument("--peers", default="ort,ort-int8,torch,torch-bf16")
+    ap.add_argument("--dtypes", default="f32,q8,bf16", help="recall's --dtype values to run")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every side, taking turns; the best median of each is kept")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", help=argparse.SUPPRESS)  # internal: run one peer in this process
@@ -234,6 +263,7 @@ def main():
     by = {(r["peer"], r["shape"]): r for r in rows}
     weights = sum(p.stat().st_size for p in Path(args.model_dir).glob("model.safetensors"))
     rounds = f", best of {args.rounds} rounds taking turns" if args.rounds > 1 else ""
+    print(f"CPU: {cpu_line()}")
     print(f"{args.model_dir}, {args.threads} threads, median of {args.runs} runs{rounds}; "
           f"tokens/s (1x16: latency), peak RSS after the shape; recall / peer in brackets")
     header = f"{'shape':<8}" + "".join(f"{p:>24}" for p in peers)
@@ -242,27 +272,37 @@ def main():
         s = f"{b}x{t}"
         cells = []
         for p in peers:
-            # int8 peers are compared with recall's q8, the others with f32.
-            base = recall_name("q8" if p.endswith("int8") and "q8" in dtypes else dtypes[0])
-            mine = by.get((base, s))
-            r = by.get((p, s))
-            if r is None:
+            # int8 peers are compared with recall's q8, bf16 ones with bf16,
+            # the others with f32 (or the first dtype run).
+            base = recall_name(dtypes[0])
+            for suffix, dtype in (("int8", "q8"), ("bf16", "bf16")):
+                if p.endswith(suffix) and dtype in dtypes:
+                    base = recall_name(dtype)
+            shown = by.get((p, s))
+            # Peers: recall / peer. recall's other dtypes: their speed-up
+            # over its first (f32), the same way round.
+            mine, r = by.get((base, s)), shown
+            if p in mine_names:
+                first = recall_name(dtypes[0])
+                mine, r = (shown, by.get((first, s))) if p != first else (None, None)
+            if shown is None:
                 cells.append(f"{'-':>24}")
                 continue
             if b == 1 and t <= 16:
-                v = f"{r['median_ms']:.0f} ms"
-                ratio = mine and r["median_ms"] / mine["median_ms"]
+                v = f"{shown['median_ms']:.0f} ms"
+                ratio = mine and r and r["median_ms"] / mine["median_ms"]
             else:
-                v = f"{r['tokens_per_s']:.0f}"
-                ratio = mine and mine["tokens_per_s"] / r["tokens_per_s"]
-            mem = f"{r['peak_rss_bytes'] / 2**30:.2f}G"
-            rs = f" ({ratio:.2f}x)" if ratio and p not in mine_names else ""
+                v = f"{shown['tokens_per_s']:.0f}"
+                ratio = mine and r and mine["tokens_per_s"] / r["tokens_per_s"]
+            mem = f"{shown['peak_rss_bytes'] / 2**30:.2f}G"
+            rs = f" ({ratio:.2f}x)" if ratio else ""
             cells.append(f"{v + ' ' + mem + rs:>24}")
         print(f"{s:<8}" + "".join(cells))
     if weights:
         print(f"weights file: {weights / 2**30:.2f} GiB; 1.25x = {1.25 * weights / 2**30:.2f} GiB")
     print("ratios > 1 mean recall is faster (for 1x16: peer latency / recall latency); "
-          "int8 peers against recall-q8, the others against recall f32")
+          "int8 peers against recall-q8, bf16 ones against recall-bf16, the others against recall f32 "
+          "(recall-bf16 and recall-q8 in brackets against recall f32)")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ cargo test --all-targets "$@"
 # every route, slow clients, oversized bodies (prints its report).
 python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --requests 2000
 # The encoder's kernels depend on the CPU, so check the others against the
-# same references too: the AVX2 tiles, f32 and q8 with its 7-bit weights
-# (CPUs without AVX-512, where the run above took the AVX-512 tiles), and
-# candle's matmul (other CPUs; GPUs).
+# same references too: the AVX2 tiles, f32, bf16 widened and q8 with its
+# 7-bit weights (CPUs without AVX-512, where the run above took the AVX-512
+# tiles and, with AVX512_BF16, its bf16 tile), and candle's matmul (other
+# CPUs; GPUs).
 # (The sweep over search's constants on the dev history is the same on every kernel: once is enough.)
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-  RECALL_MATMUL=avx2 RECALL_Q8=avx2 cargo test "$@" --lib --test bge_m3_parity --test minilm --test eval \
+  RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen cargo test "$@" --lib --test bge_m3_parity --test minilm --test eval \
     -- --skip defaults_are_the_best_on_dev
 fi
 RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval \

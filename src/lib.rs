@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod bf16;
 pub mod calibrate;
 pub mod embedder;
 pub mod encoder;

@@ -58,12 +58,157 @@ impl Dst {
 
 /// Output columns per panel of a `PackedLinear`: what one pass of the row
 /// tiles over a block of weights covers.
-const PANEL: usize = 64;
+pub(crate) const PANEL: usize = 64;
 /// Input rows per `PackedLinear` tile.
-const PANEL_ROWS: usize = 6;
+pub(crate) const PANEL_ROWS: usize = 6;
 /// Input positions per pass over the rows: a panel's block of weights
 /// (PANEL × DEPTH floats, 128 KiB) stays in L2 while every row tile uses it.
-const DEPTH: usize = 512;
+/// Even, so a block holds whole pairs (`crate::bf16`'s tile).
+pub(crate) const DEPTH: usize = 512;
+
+/// Where one row tile of a packed product works.
+pub(crate) struct TileAt {
+    /// The panel: output columns `p * PANEL..`.
+    pub(crate) p: usize,
+    /// The depth block: input positions `d..d + depth`.
+    pub(crate) d: usize,
+    pub(crate) depth: usize,
+    /// Input rows `i..i + rows` (rows ≤ PANEL_ROWS).
+    pub(crate) i: usize,
+    pub(crate) rows: usize,
+    /// The tile's place among the block's `tiles` (`share`).
+    pub(crate) t: usize,
+    pub(crate) tiles: usize,
+}
+
+/// The loop every panel kernel shares, for `[m, k] · [k, np]`: panels in
+/// parallel (each thread a run of consecutive panels), within a panel the
+/// depth blocks, within a block the row tiles, all of them, so the block
+/// stays in L2 while they use it.
+pub(crate) fn for_each_tile(m: usize, np: usize, k: usize, tile: impl Fn(TileAt) + Sync) {
+    let tiles = m.div_ceil(PANEL_ROWS);
+    (0..np / PANEL).into_par_iter().for_each(|p| {
+        for d in (0..k).step_by(DEPTH) {
+            let depth = DEPTH.min(k - d);
+            for (t, i) in (0..m).step_by(PANEL_ROWS).enumerate() {
+                let rows = PANEL_ROWS.min(m - i);
+                tile(TileAt {
+                    p,
+                    d,
+                    depth,
+                    i,
+                    rows,
+                    t,
+                    tiles,
+                });
+            }
+        }
+    });
+}
+
+/// What a `PackedLinear` holds: f32 weights, or bf16 ones that the tile
+/// widens to f32 as it loads them (`--dtype bf16` on CPUs without
+/// AVX512_BF16: half the bytes to stream, the same f32 arithmetic).
+///
+/// A tile loads two registers of weights at a time (`load_pair16`,
+/// `load_pair8`). bf16 weights are packed for that with the two
+/// registers' columns interleaved (`INTERLEAVED`), so one load of 32 (or
+/// 16) bf16 becomes both registers by a shift (the even ones) and a mask
+/// (the odd ones): two instructions for two registers. Widening each
+/// register with a zero-extending load and a shift cost twice that, and a
+/// 16-token query ran no faster than f32 on Zen 4's AVX2 path; widening a
+/// whole block before its row tiles was slower still.
+pub trait PackedWeight: Copy + Default + Send + Sync + 'static {
+    /// Whether a strip's columns are interleaved in pairs of registers.
+    const INTERLEAVED: bool;
+
+    fn from_f32(v: f32) -> Self;
+
+    /// The 32 weights at `p` as two registers of f32: columns 0..16 and
+    /// 16..32 of the strip's group of 32.
+    ///
+    /// # Safety
+    /// AVX-512F; 32 values at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load_pair16(p: *const Self)
+    -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512);
+
+    /// The 16 weights at `p` as two registers of f32: columns 0..8 and 8..16.
+    ///
+    /// # Safety
+    /// AVX2; 16 values at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load_pair8(p: *const Self) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256);
+}
+
+impl PackedWeight for f32 {
+    const INTERLEAVED: bool = false;
+
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load_pair16(p: *const f32) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
+        use std::arch::x86_64::_mm512_loadu_ps;
+        unsafe { (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn load_pair8(p: *const f32) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        use std::arch::x86_64::_mm256_loadu_ps;
+        unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
+    }
+}
+
+impl PackedWeight for half::bf16 {
+    const INTERLEAVED: bool = true;
+
+    /// Rounded to nearest, ties to even.
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+
+    // A bf16 is the top half of an f32: the even ones shifted up, the odd
+    // ones with the low half cleared.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load_pair16(
+        p: *const half::bf16,
+    ) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
+        use std::arch::x86_64::*;
+        unsafe {
+            let v = _mm512_loadu_si512(p as *const __m512i);
+            let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
+            (
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+                _mm512_castsi512_ps(odd),
+            )
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn load_pair8(
+        p: *const half::bf16,
+    ) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        unsafe {
+            let v = _mm256_loadu_si256(p as *const __m256i);
+            let odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
+            (
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+                _mm256_castsi256_ps(odd),
+            )
+        }
+    }
+}
 
 /// The part of the `next` block of weights that row tile `t` of `tiles`
 /// prefetches (`PackedLinear`'s and `crate::quant`'s tiles).
@@ -117,7 +262,7 @@ impl Prefetch {
 
 /// Tile steps (input positions) between prefetches.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_RUN: usize = 16;
+pub(crate) const PREFETCH_RUN: usize = 16;
 
 /// Which tile `PackedLinear` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,12 +314,13 @@ pub fn packed_available() -> bool {
     PackedKernel::get().is_some()
 }
 
-/// A linear layer's f32 weight `[n, k]`, packed once at load. Panels of
+/// A linear layer's weight `[n, k]`, packed once at load (f32, or bf16:
+/// `PackedWeight`). Panels of
 /// PANEL output columns; a panel in blocks of DEPTH positions; a block in
 /// strips as wide as the tile (`PackedKernel::strip`), each `depth` rows of
 /// `strip` floats. So a tile reads each strip start to end, which is what
 /// the hardware prefetcher streams best when the weights come from memory.
-pub struct PackedLinear {
+pub struct PackedLinear<E = f32> {
     n: usize,
     k: usize,
     // Read by the x86 tiles only; elsewhere `PackedKernel::get` finds none
@@ -182,17 +328,17 @@ pub struct PackedLinear {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kernel: PackedKernel,
     /// `[panels][blocks][strips][depth][strip]`, zero past `n`.
-    packed: Vec<f32>,
+    packed: Vec<E>,
 }
 
-impl PackedLinear {
-    /// Packs `w: [n, k]` (row-major). Panics on a CPU without a tile
-    /// (`packed_available`).
+impl<E: PackedWeight> PackedLinear<E> {
+    /// Packs `w: [n, k]` (row-major), converted to `E`. Panics on a CPU
+    /// without a tile (`packed_available`).
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
         Self::pack_for(this_cpu(), w, n, k)
     }
 
-    fn pack_for(kernel: PackedKernel, w: &[f32], n: usize, k: usize) -> Self {
+    pub(crate) fn pack_for(kernel: PackedKernel, w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w is not [n, k]");
         let mut packed = Self::zeroed(kernel, n, k);
         let strip = kernel.strip();
@@ -204,10 +350,10 @@ impl PackedLinear {
                 for (c, row) in (p * PANEL..n.min((p + 1) * PANEL)).enumerate() {
                     let row = &w[row * k..(row + 1) * k];
                     for d0 in (0..k).step_by(DEPTH) {
-                        let at = position(kernel, k, c, d0);
+                        let at = position::<E>(kernel, k, c, d0);
                         let depth = DEPTH.min(k - d0);
                         for (j, &v) in row[d0..d0 + depth].iter().enumerate() {
-                            panel[at + j * strip] = v;
+                            panel[at + j * strip] = E::from_f32(v);
                         }
                     }
                 }
@@ -221,7 +367,12 @@ impl PackedLinear {
         Self::pack_transposed_for(this_cpu(), wt, k, n)
     }
 
-    fn pack_transposed_for(kernel: PackedKernel, wt: &[f32], k: usize, n: usize) -> Self {
+    pub(crate) fn pack_transposed_for(
+        kernel: PackedKernel,
+        wt: &[f32],
+        k: usize,
+        n: usize,
+    ) -> Self {
         assert_eq!(wt.len(), k * n, "wt is not [k, n]");
         let mut packed = Self::zeroed(kernel, n, k);
         let strip = kernel.strip();
@@ -230,8 +381,10 @@ impl PackedLinear {
             for d in 0..k {
                 let row = &wt[d * n + p * PANEL..][..cols];
                 for (s, part) in row.chunks(strip).enumerate() {
-                    let at = position(kernel, k, s * strip, d);
-                    panel[at..at + part.len()].copy_from_slice(part);
+                    let at = position::<E>(kernel, k, s * strip, d);
+                    for (c, &v) in part.iter().enumerate() {
+                        panel[at + lane::<E>(kernel, c)] = E::from_f32(v);
+                    }
                 }
             }
         }
@@ -239,7 +392,7 @@ impl PackedLinear {
     }
 
     fn zeroed(kernel: PackedKernel, n: usize, k: usize) -> Self {
-        let packed = vec![0f32; n.next_multiple_of(PANEL) * k];
+        let packed = vec![E::default(); n.next_multiple_of(PANEL) * k];
         Self {
             n,
             k,
@@ -268,50 +421,43 @@ impl PackedLinear {
         }
         let mut out = Vec::<f32>::with_capacity(m * np);
         let dst = Dst(out.as_mut_ptr());
-        (0..np / PANEL).into_par_iter().for_each(|p| {
-            let panel = &self.packed[p * PANEL * k..(p + 1) * PANEL * k];
-            let tiles = m.div_ceil(PANEL_ROWS);
-            for d in (0..k).step_by(DEPTH) {
-                let depth = DEPTH.min(k - d);
-                // The block after this one, the thread's next very likely:
-                // the panel's next depth, or the next panel's first (rayon
-                // hands each thread a run of consecutive panels).
-                let after = p * PANEL * k + (d + depth) * PANEL;
-                let next = (self.packed)
-                    .get(after..(after + DEPTH * PANEL).min(self.packed.len()))
-                    .unwrap_or_default();
-                for (t, i) in (0..m).step_by(PANEL_ROWS).enumerate() {
-                    let rows = PANEL_ROWS.min(m - i);
-                    let xr: [*const f32; PANEL_ROWS] =
-                        std::array::from_fn(|r| x[(i + r.min(rows - 1)) * k + d..].as_ptr());
-                    let tile = Tile {
-                        x: &xr,
-                        block: panel[d * PANEL..].as_ptr(),
-                        depth,
-                        // SAFETY: rows i..i + rows of `out` (np wide)
-                        // exist, and panel p's columns are this task's alone.
-                        out: unsafe { dst.at(i * np + p * PANEL) },
-                        stride: np,
-                        rows,
-                        // The first depth block wrote the tile before later
-                        // ones read it.
-                        accumulate: d > 0,
-                        ahead: share(next, t, tiles),
-                    };
-                    // SAFETY: `kernel` is one this CPU runs; each x row has
-                    // `depth` floats from d, and the block `depth × PANEL`.
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        match self.kernel {
-                            PackedKernel::Avx512 => tile_avx512(&tile),
-                            PackedKernel::Avx2 => tile_avx2(&tile),
-                        }
-                    }
-                    // No tile elsewhere, where no PackedLinear is built.
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let _ = tile;
+        for_each_tile(m, np, k, |at| {
+            let TileAt { p, d, depth, i, .. } = at;
+            // The block after this one, the thread's next very likely:
+            // the panel's next depth, or the next panel's first.
+            let after = p * PANEL * k + (d + depth) * PANEL;
+            let next = (self.packed)
+                .get(after..(after + DEPTH * PANEL).min(self.packed.len()))
+                .unwrap_or_default();
+            let rows = at.rows;
+            let xr: [*const f32; PANEL_ROWS] =
+                std::array::from_fn(|r| x[(i + r.min(rows - 1)) * k + d..].as_ptr());
+            let tile = Tile {
+                x: &xr,
+                block: self.packed[p * PANEL * k + d * PANEL..].as_ptr(),
+                depth,
+                // SAFETY: rows i..i + rows of `out` (np wide) exist, and
+                // panel p's columns are this task's alone.
+                out: unsafe { dst.at(i * np + p * PANEL) },
+                stride: np,
+                rows,
+                // The first depth block wrote the tile before later ones
+                // read it.
+                accumulate: d > 0,
+                ahead: share(next, at.t, at.tiles),
+            };
+            // SAFETY: `kernel` is one this CPU runs; each x row has `depth`
+            // floats from d, and the block `depth × PANEL`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                match self.kernel {
+                    PackedKernel::Avx512 => tile_avx512(&tile),
+                    PackedKernel::Avx2 => tile_avx2(&tile),
                 }
             }
+            // No tile elsewhere, where no PackedLinear is built.
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = tile;
         });
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
@@ -325,20 +471,34 @@ fn this_cpu() -> PackedKernel {
 
 /// Where position `d` of a panel's column `c` lies in the panel. Within a
 /// block, position `d + 1` is one strip width further.
-fn position(kernel: PackedKernel, k: usize, c: usize, d: usize) -> usize {
+fn position<E: PackedWeight>(kernel: PackedKernel, k: usize, c: usize, d: usize) -> usize {
     let strip = kernel.strip();
     let d0 = d - d % DEPTH;
     let depth = DEPTH.min(k - d0);
-    d0 * PANEL + (c / strip) * depth * strip + (d - d0) * strip + c % strip
+    d0 * PANEL + (c / strip) * depth * strip + (d - d0) * strip + lane::<E>(kernel, c % strip)
+}
+
+/// Where column `c` of a strip lies in its row: in place, or interleaved
+/// with the column one register further (`PackedWeight::INTERLEAVED`).
+fn lane<E: PackedWeight>(kernel: PackedKernel, c: usize) -> usize {
+    if !E::INTERLEAVED {
+        return c;
+    }
+    let width = match kernel {
+        PackedKernel::Avx512 => 16,
+        PackedKernel::Avx2 => 8,
+    };
+    let j = c % (2 * width);
+    c - j + (j % width) * 2 + j / width
 }
 
 /// One tile's work: `out[r] (+)= x[r][..depth] · block` for `rows` rows
 /// (the others repeat the last) and the PANEL columns of a block.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct Tile<'a> {
+struct Tile<'a, E> {
     x: &'a [*const f32; PANEL_ROWS],
-    /// `PANEL / strip` strips of `depth × strip` floats.
-    block: *const f32,
+    /// `PANEL / strip` strips of `depth × strip` weights.
+    block: *const E,
     depth: usize,
     /// `rows` rows of PANEL floats, `stride` apart.
     out: *mut f32,
@@ -346,7 +506,7 @@ struct Tile<'a> {
     rows: usize,
     accumulate: bool,
     /// Part of the next block to prefetch into L2 meanwhile.
-    ahead: &'a [f32],
+    ahead: &'a [E],
 }
 
 /// The tile with AVX-512: one strip, 6 rows × 4 registers (24 of the 32).
@@ -355,18 +515,11 @@ struct Tile<'a> {
 /// AVX-512F; the pointers hold what `Tile` says.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512(t: &Tile) {
+unsafe fn tile_avx512<E: PackedWeight>(t: &Tile<E>) {
     use std::arch::x86_64::*;
     const REGS: usize = PANEL / 16;
     unsafe {
-        let mut acc = [[_mm512_setzero_ps(); REGS]; PANEL_ROWS];
-        if t.accumulate {
-            for (r, acc) in acc.iter_mut().enumerate().take(t.rows) {
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_loadu_ps(t.out.add(r * t.stride + c * 16));
-                }
-            }
-        }
+        let mut acc = accumulators512(t.out, t.stride, t.rows, t.accumulate);
         let ahead =
             (!t.ahead.is_empty()).then(|| Prefetch::new(t.ahead, t.depth.div_ceil(PREFETCH_RUN)));
         // Prefetches go between runs of steps: inside the loop of FMAs they
@@ -377,7 +530,9 @@ unsafe fn tile_avx512(t: &Tile) {
             }
             for d in d0..t.depth.min(d0 + PREFETCH_RUN) {
                 let b = t.block.add(d * PANEL);
-                let wv: [__m512; REGS] = std::array::from_fn(|c| _mm512_loadu_ps(b.add(c * 16)));
+                let (w0, w1) = E::load_pair16(b);
+                let (w2, w3) = E::load_pair16(b.add(32));
+                let wv: [__m512; REGS] = [w0, w1, w2, w3];
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let xv = _mm512_set1_ps(*t.x[r].add(d));
                     for c in 0..REGS {
@@ -386,10 +541,52 @@ unsafe fn tile_avx512(t: &Tile) {
                 }
             }
         }
-        for (r, acc) in acc.iter().enumerate().take(t.rows) {
-            for (c, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(t.out.add(r * t.stride + c * 16), *a);
+        store512(&acc, t.out, t.stride, t.rows);
+    }
+}
+
+/// The accumulators of an AVX-512 tile of PANEL_ROWS × PANEL: zero, or
+/// the first `rows` rows of `out` (`stride` apart) to add to.
+///
+/// # Safety
+/// AVX-512F; with `accumulate`, `rows` rows of PANEL floats at `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn accumulators512(
+    out: *const f32,
+    stride: usize,
+    rows: usize,
+    accumulate: bool,
+) -> [[std::arch::x86_64::__m512; PANEL / 16]; PANEL_ROWS] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; PANEL_ROWS];
+    if accumulate {
+        for (r, acc) in acc.iter_mut().enumerate().take(rows) {
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = unsafe { _mm512_loadu_ps(out.add(r * stride + c * 16)) };
             }
+        }
+    }
+    acc
+}
+
+/// Stores the first `rows` rows of an AVX-512 tile's accumulators.
+///
+/// # Safety
+/// AVX-512F; `rows` rows of PANEL floats at `out`, `stride` apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn store512(
+    acc: &[[std::arch::x86_64::__m512; PANEL / 16]; PANEL_ROWS],
+    out: *mut f32,
+    stride: usize,
+    rows: usize,
+) {
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        for (c, a) in acc.iter().enumerate() {
+            unsafe { std::arch::x86_64::_mm512_storeu_ps(out.add(r * stride + c * 16), *a) };
         }
     }
 }
@@ -401,7 +598,7 @@ unsafe fn tile_avx512(t: &Tile) {
 /// AVX2 and FMA; the pointers hold what `Tile` says.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(t: &Tile) {
+unsafe fn tile_avx2<E: PackedWeight>(t: &Tile<E>) {
     use std::arch::x86_64::*;
     const STRIP: usize = 16;
     // The strips share the block's prefetches.
@@ -427,7 +624,7 @@ unsafe fn tile_avx2(t: &Tile) {
                 run += 1;
                 for d in d0..t.depth.min(d0 + PREFETCH_RUN) {
                     let b = strip.add(d * STRIP);
-                    let (w0, w1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
+                    let (w0, w1) = E::load_pair8(b);
                     for (r, acc) in acc.iter_mut().enumerate() {
                         let xv = _mm256_broadcast_ss(&*t.x[r].add(d));
                         acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
@@ -445,7 +642,7 @@ unsafe fn tile_avx2(t: &Tile) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -516,26 +713,28 @@ mod tests {
         assert!(share(&[] as &[i8], 1, 3).is_empty());
     }
 
+    /// Products `(m, k, n)` with remainders in rows (tile of 6), columns
+    /// (panel of 64) and depth (block of DEPTH; odd depths: half a pair for
+    /// `crate::bf16`'s tile), and with none.
+    pub(crate) const EDGE_SIZES: [(usize, usize, usize); 7] = [
+        (1, 1, 1),
+        (5, 13, 7),
+        (6, 64, 64),
+        (13, DEPTH + 3, 130),
+        (16, 2 * DEPTH, 192),
+        (7, 3 * DEPTH + 1, 65),
+        (131, 1101, 97),
+    ];
+
     #[test]
     fn packed_matches_a_plain_loop_at_every_edge() {
-        // Remainders in rows (tile of 6), columns (panel of 64) and depth
-        // (block of DEPTH), and sizes with none.
-        let sizes = [
-            (1, 1, 1),
-            (5, 13, 7),
-            (6, 64, 64),
-            (13, DEPTH + 3, 130),
-            (16, 2 * DEPTH, 192),
-            (7, 3 * DEPTH + 1, 65),
-            (131, 1100, 97),
-        ];
         for kernel in kernels() {
-            check(&sizes, |x, w, m, k, n| {
-                PackedLinear::pack_for(kernel, w, n, k).matmul_t(x, m)
+            check(&EDGE_SIZES, |x, w, m, k, n| {
+                PackedLinear::<f32>::pack_for(kernel, w, n, k).matmul_t(x, m)
             });
-            check(&sizes, |x, w, m, k, n| {
+            check(&EDGE_SIZES, |x, w, m, k, n| {
                 let wt: Vec<f32> = (0..k * n).map(|i| w[i % n * k + i / n]).collect();
-                PackedLinear::pack_transposed_for(kernel, &wt, k, n).matmul_t(x, m)
+                PackedLinear::<f32>::pack_transposed_for(kernel, &wt, k, n).matmul_t(x, m)
             });
         }
     }

@@ -275,6 +275,57 @@ fn q8_stays_close_to_flagembedding() {
     let cache = tempfile::tempdir().unwrap();
     let embedder = load_q8(&tiny_model_dir(), cache.path()).unwrap();
     assert_eq!(embedder.info().dtype, recall::Dtype::Q8);
+    let (dense_min, colbert_min) = closeness(&embedder, &reference);
+    println!(
+        "q8 vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.5}, ColBERT ≥ {colbert_min:.5}"
+    );
+    let (dense_bar, colbert_bar) = match recall::quant::Kernel::get().weight_limit() {
+        127 => (0.9995, 0.999),
+        _ => (0.999, 0.998),
+    };
+    assert!(dense_min >= dense_bar, "dense cosine {dense_min}");
+    assert!(colbert_min >= colbert_bar, "ColBERT cosine {colbert_min}");
+
+    // An index keeps to one of f32 and q8: they are different revisions.
+    use recall::provider::local::identity_of;
+    let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
+    let (q8, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
+    let tag = recall::quant::Kernel::get().revision_tag();
+    assert_eq!(q8.revision, format!("{}+{tag}", f32.revision));
+    assert!(!f32.accepts(&q8) && !q8.accepts(&f32));
+    assert!(f32.differences(&q8).iter().any(|d| d.contains("+q8")));
+}
+
+/// `--dtype bf16`: every output within the bars of docs/bf16.md of
+/// FlagEmbedding's f32 ones on the tiny model (dense ≥ 0.9995 cosine,
+/// ColBERT ≥ 0.999, the heaviest lexical token of each text kept), on
+/// whichever bf16 kernel this CPU runs (`RECALL_BF16=widen` and
+/// `RECALL_MATMUL` force the others). Its vectors share f32's space: an
+/// index takes either.
+#[test]
+fn bf16_stays_close_to_flagembedding() {
+    let reference = reference();
+    let cache = tempfile::tempdir().unwrap();
+    let embedder = load_as(&tiny_model_dir(), cache.path(), recall::Dtype::Bf16).unwrap();
+    assert_eq!(embedder.info().dtype, recall::Dtype::Bf16);
+    let (dense_min, colbert_min) = closeness(&embedder, &reference);
+    println!(
+        "bf16 ({:?}) vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.6}, ColBERT ≥ {colbert_min:.6}",
+        recall::bf16::Bf16Kernel::get()
+    );
+    assert!(dense_min >= 0.9995, "dense cosine {dense_min}");
+    assert!(colbert_min >= 0.999, "ColBERT cosine {colbert_min}");
+
+    use recall::provider::local::identity_of;
+    let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
+    let (bf16, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
+    assert_eq!(bf16, f32);
+    assert!(f32.accepts(&bf16) && bf16.accepts(&f32));
+}
+
+/// The lowest dense and ColBERT cosines of `embedder`'s outputs to the
+/// reference's; panics if a text's heaviest lexical token is lost.
+fn closeness(embedder: &Embedder, reference: &Reference) -> (f32, f32) {
     let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
     let got = embedder.embed(&texts, Outputs::ALL).unwrap();
     let (mut dense_min, mut colbert_min) = (f32::MAX, f32::MAX);
@@ -298,22 +349,5 @@ fn q8_stays_close_to_flagembedding() {
             );
         }
     }
-    println!(
-        "q8 vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.5}, ColBERT ≥ {colbert_min:.5}"
-    );
-    let (dense_bar, colbert_bar) = match recall::quant::Kernel::get().weight_limit() {
-        127 => (0.9995, 0.999),
-        _ => (0.999, 0.998),
-    };
-    assert!(dense_min >= dense_bar, "dense cosine {dense_min}");
-    assert!(colbert_min >= colbert_bar, "ColBERT cosine {colbert_min}");
-
-    // An index keeps to one of f32 and q8: they are different revisions.
-    use recall::provider::local::identity_of;
-    let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
-    let (q8, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
-    let tag = recall::quant::Kernel::get().revision_tag();
-    assert_eq!(q8.revision, format!("{}+{tag}", f32.revision));
-    assert!(!f32.accepts(&q8) && !q8.accepts(&f32));
-    assert!(f32.differences(&q8).iter().any(|d| d.contains("+q8")));
+    (dense_min, colbert_min)
 }

@@ -124,7 +124,13 @@ fn version_names_commit_features_and_kernels() {
         out.starts_with(&format!("recall {}", env!("CARGO_PKG_VERSION"))),
         "{out}"
     );
-    for wanted in ["commit ", "features: ", "CPU kernels here: f32 ", ", q8 "] {
+    for wanted in [
+        "commit ",
+        "features: ",
+        "CPU kernels here: f32 ",
+        ", bf16 ",
+        ", q8 ",
+    ] {
         assert!(out.contains(wanted), "{wanted:?} in {out}");
     }
     assert!(out.contains(if cfg!(feature = "cuda") {

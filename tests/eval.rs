@@ -434,29 +434,56 @@ fn defaults_are_the_best_on_dev() {
     );
 }
 
-/// `--dtype q8` (int8 weights) finds what f32 finds on the test history.
+/// `--dtype q8` (int8 weights) and `--dtype bf16` find what f32 finds on
+/// the test history; so do bf16 queries on an index f32 built (they share
+/// its space: docs/bf16.md).
 #[test]
-fn q8_keeps_hit_at_5() {
+fn q8_and_bf16_keep_hit_at_5() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let mut table = Vec::new();
-    for dtype in [recall::Dtype::F32, recall::Dtype::Q8] {
-        let embedder = match dtype {
-            recall::Dtype::F32 => load(&minilm_dir(), cache.path()),
-            recall::Dtype::Q8 => load_q8(&minilm_dir(), cache.path()),
-        }
-        .unwrap();
+    let mut f32_ranker = None;
+    for dtype in [recall::Dtype::F32, recall::Dtype::Q8, recall::Dtype::Bf16] {
+        let embedder = load_as(&minilm_dir(), cache.path(), dtype).unwrap();
         let ranker = Ranker::new(&tmp.path().join(dtype.as_str()), "test", embedder);
-        let answers = ranker.answers(&defaults());
-        let (ph, pm, _) = metrics(&ranker.corpus, &answers, &PARAPHRASE_LIKE);
-        let (ih, im, _) = metrics(&ranker.corpus, &answers, &["identifier"]);
-        println!("| {dtype} | {ph:.3} / {pm:.3} | {ih:.3} / {im:.3} |");
-        table.push((ph, ih));
+        table.push(hit_table(dtype.as_str(), &ranker));
+        if dtype == recall::Dtype::F32 {
+            f32_ranker = Some(ranker);
+        }
     }
-    let ((f_p, f_i), (q_p, q_i)) = (table[0], table[1]);
-    assert_eq!(f_i, q_i, "identifier hit@5, f32 vs q8");
-    assert!(
-        (f_p - q_p).abs() <= 0.02,
-        "natural-language hit@5: f32 {f_p:.3}, q8 {q_p:.3}"
-    );
+    let f32_index = Ranker {
+        embedder: std::sync::Arc::new(
+            load_as(&minilm_dir(), cache.path(), recall::Dtype::Bf16).unwrap(),
+        ),
+        ..f32_ranker.unwrap()
+    };
+    table.push(hit_table("bf16 queries, f32 index", &f32_index));
+    let f32 = table[0];
+    for (name, row) in ["q8", "bf16", "bf16 on f32"].iter().zip(&table[1..]) {
+        assert_eq!(f32.2, row.2, "identifier hit@5, f32 vs {name}");
+        assert!(
+            (f32.0 - row.0).abs() <= 0.02,
+            "natural-language hit@5: f32 {:.3}, {name} {:.3}",
+            f32.0,
+            row.0
+        );
+    }
+    for (name, row) in ["bf16", "bf16 on f32"].iter().zip(&table[2..]) {
+        assert!(
+            (f32.1 - row.1).abs() <= 0.01,
+            "natural-language MRR@10: f32 {:.3}, {name} {:.3}",
+            f32.1,
+            row.1
+        );
+    }
+}
+
+/// Natural-language hit@5 and MRR@10, identifier hit@5 of `ranker` with
+/// the defaults (printed as a table row).
+fn hit_table(name: &str, ranker: &Ranker) -> (f64, f64, f64) {
+    let answers = ranker.answers(&defaults());
+    let (ph, pm, _) = metrics(&ranker.corpus, &answers, &PARAPHRASE_LIKE);
+    let (ih, im, _) = metrics(&ranker.corpus, &answers, &["identifier"]);
+    println!("| {name} | {ph:.3} / {pm:.3} | {ih:.3} / {im:.3} |");
+    (ph, pm, ih)
 }

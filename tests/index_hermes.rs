@@ -390,6 +390,58 @@ fn another_model_is_refused_until_rebuild() {
     assert_complete(&home, &["user", "assistant"]);
 }
 
+/// bf16 vectors share f32's space (docs/bf16.md): a bf16 engine adds to
+/// and searches an index f32 built, and f32 one bf16 built; q8's are
+/// another revision and are refused.
+#[test]
+fn bf16_and_f32_share_an_index_and_q8_does_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = home_in(&tmp);
+    let h = home.to_str().unwrap();
+    hermes_db(&["create", h]);
+    index(&home, &tiny_model_dir(), &["--dtype", "bf16"]);
+    hermes_db(&[
+        "append",
+        h,
+        "20260601_000000_abcdef",
+        "user",
+        "a brand new session about kubernetes",
+    ]);
+    let report = index(&home, &tiny_model_dir(), &[]);
+    assert_eq!(report["embedded_messages"], 1, "{report}");
+    hermes_db(&[
+        "append",
+        h,
+        "20260601_000000_abcdef",
+        "user",
+        "and the pods keep restarting",
+    ]);
+    let report = index(&home, &tiny_model_dir(), &["--dtype", "bf16"]);
+    assert_eq!(report["embedded_messages"], 1, "{report}");
+    assert_eq!(report["unchanged_messages"], 16, "{report}");
+    assert_complete(&home, &["user", "assistant"]);
+    let out = recall_on(
+        &["search", "--json", "pods keep restarting"],
+        &home,
+        &tiny_model_dir(),
+        &["--dtype", "bf16"],
+    );
+    assert!(out.contains("20260601_000000_abcdef"), "{out}");
+
+    let model = tiny_model_dir();
+    let (ok, _, err) = recall_cli(&[
+        "index",
+        "--hermes-home",
+        h,
+        "--model",
+        model.to_str().unwrap(),
+        "--dtype",
+        "q8",
+    ]);
+    assert!(!ok, "a q8 engine wrote into an f32/bf16 index");
+    assert!(err.contains("+q8"), "{err}");
+}
+
 #[test]
 fn session_files_profiles_and_missing_database() {
     let tmp = tempfile::tempdir().unwrap();

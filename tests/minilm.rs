@@ -110,14 +110,7 @@ fn minilm_q8_stays_close_to_sentence_transformers() {
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
     let embedder = load_q8(&minilm_dir(), cache.path()).unwrap();
-    let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
-    let got = embedder.embed(&texts, Outputs::DENSE).unwrap();
-    let cosines: Vec<f32> = reference
-        .cases
-        .iter()
-        .zip(&got)
-        .map(|(case, e)| score::dense(e.dense.as_ref().unwrap(), &case.dense))
-        .collect();
+    let cosines = cosines_to(&embedder, &reference);
     println!("q8 vs sentence-transformers f32, cosine per text: {cosines:?}");
     for (case, cos) in reference.cases.iter().zip(&cosines) {
         assert!(*cos >= 0.99, "{:?}: cosine {cos}", case.text);
@@ -128,4 +121,34 @@ fn minilm_q8_stays_close_to_sentence_transformers() {
         _ => 0.995,
     };
     assert!(mean >= bar, "mean cosine {mean}");
+}
+
+/// `--dtype bf16`: every vector within 0.9995 cosine of
+/// sentence-transformers' f32 one on the real model (docs/bf16.md), on
+/// whichever bf16 kernel this CPU runs.
+#[test]
+fn minilm_bf16_stays_close_to_sentence_transformers() {
+    let reference = reference();
+    let cache = tempfile::tempdir().unwrap();
+    let embedder = load_as(&minilm_dir(), cache.path(), recall::Dtype::Bf16).unwrap();
+    let cosines = cosines_to(&embedder, &reference);
+    println!(
+        "bf16 ({:?}) vs sentence-transformers f32, cosine per text: {cosines:?}",
+        recall::bf16::Bf16Kernel::get()
+    );
+    for (case, cos) in reference.cases.iter().zip(&cosines) {
+        assert!(*cos >= 0.9995, "{:?}: cosine {cos}", case.text);
+    }
+}
+
+/// Each reference text's dense cosine between `embedder` and the reference.
+fn cosines_to(embedder: &recall::Embedder, reference: &Reference) -> Vec<f32> {
+    let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
+    let got = embedder.embed(&texts, Outputs::DENSE).unwrap();
+    reference
+        .cases
+        .iter()
+        .zip(&got)
+        .map(|(case, e)| score::dense(e.dense.as_ref().unwrap(), &case.dense))
+        .collect()
 }

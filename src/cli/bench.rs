@@ -335,6 +335,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             match info.dtype {
                 recall::Dtype::F32 => "f32".to_string(),
                 recall::Dtype::Q8 => format!("q8, {:?} kernel", recall::quant::Kernel::get()),
+                recall::Dtype::Bf16 => match recall::bf16::Bf16Kernel::get() {
+                    Some(kernel) => format!("bf16, {} kernel", kernel.describe()),
+                    None => "bf16, candle's matmul on bf16-rounded weights".to_string(),
+                },
             },
             info.load_time.as_secs_f64(),
             mib(bench::peak_rss()),

@@ -105,7 +105,9 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
     // keeps to one of them (and so does the embedding cache); and to one of
     // 8-bit weights and the 7-bit ones of CPUs without VNNI.
     let revision = match info.dtype {
-        crate::Dtype::F32 => revision,
+        // bf16 vectors are f32's within 0.9995 cosine (docs/bf16.md): the
+        // same space, and the same index.
+        crate::Dtype::F32 | crate::Dtype::Bf16 => revision,
         crate::Dtype::Q8 => format!("{revision}+{}", crate::quant::Kernel::get().revision_tag()),
     };
     // A model is known by what it is, not by its folder's name: one with

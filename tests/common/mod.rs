@@ -51,10 +51,15 @@ pub fn load(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
 
 /// `load`, with the encoder's linear layers in int8 (`--dtype q8`).
 pub fn load_q8(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
+    load_as(dir, cache, recall::Dtype::Q8)
+}
+
+/// `load`, with the encoder's linear layers in `dtype`.
+pub fn load_as(dir: &Path, cache: &Path, dtype: recall::Dtype) -> anyhow::Result<Embedder> {
     Embedder::load(
         dir,
         &LoadOptions {
-            dtype: recall::Dtype::Q8,
+            dtype,
             cache_dir: Some(cache.to_path_buf()),
             ..Default::default()
         },
