@@ -13,9 +13,9 @@
 //! pairs of input positions: panels of 64 output columns, and within a
 //! panel, for each pair, 64 columns × 2 values (one operand per 16
 //! columns). A tile is 6 input rows × 64 columns (24 accumulators), as in
-//! `matmul`. Elsewhere the f32 panel kernel widens the bf16 weights a
-//! block at a time for its own tiles (`matmul::PackedWeight`): inputs and
-//! sums stay f32, only the weights are rounded.
+//! `matmul`. Elsewhere the f32 panel tiles widen the bf16 weights as they
+//! load them (`matmul::PackedWeight`): inputs and sums stay f32, only the
+//! weights are rounded.
 
 use half::bf16;
 
@@ -34,7 +34,7 @@ const PAIR: usize = 2;
 pub enum Bf16Kernel {
     /// AVX512_BF16's `vdpbf16ps`, the inputs rounded to bf16 too.
     Dot,
-    /// The f32 panel tiles, on the bf16 weights widened a block at a time.
+    /// The f32 panel tiles, widening the bf16 weights as they load them.
     Widened(PackedKernel),
 }
 
