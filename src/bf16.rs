@@ -17,6 +17,7 @@
 //! load them (`matmul::PackedWeight`): inputs and sums stay f32, only the
 //! weights are rounded.
 
+use anyhow::Result;
 use half::bf16;
 
 use crate::matmul::{
@@ -25,6 +26,7 @@ use crate::matmul::{
 };
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::{PREFETCH_RUN, Prefetch, accumulators512, store512};
+use crate::packcache::{Packed, Reader, Slab};
 
 /// Input positions summed into one f32 lane by one `vdpbf16ps`.
 const PAIR: usize = 2;
@@ -103,6 +105,17 @@ impl Bf16Linear {
         }
     }
 
+    /// The layer `[n, k]` packed for this CPU's kernel, read from a pack
+    /// file (written from `Packed::parts`).
+    pub fn restore(reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+        Ok(match this_cpu() {
+            Bf16Kernel::Dot => Self::Dot(DotLinear::restore(reader, n, k)?),
+            Bf16Kernel::Widened(kernel) => {
+                Self::Widened(PackedLinear::restore_for(kernel, reader, n, k)?)
+            }
+        })
+    }
+
     pub fn out_features(&self) -> usize {
         match self {
             Self::Dot(w) => w.n,
@@ -126,6 +139,15 @@ impl Bf16Linear {
     }
 }
 
+impl Packed for Bf16Linear {
+    fn parts(&self) -> Vec<&[u8]> {
+        match self {
+            Self::Dot(w) => vec![w.packed.bytes()],
+            Self::Widened(w) => w.parts(),
+        }
+    }
+}
+
 fn this_cpu() -> Bf16Kernel {
     Bf16Kernel::get().expect("a bf16 layer on a CPU without AVX2 or AVX-512")
 }
@@ -138,7 +160,7 @@ pub struct DotLinear {
     kp: usize,
     /// `[panels][kp / PAIR][PANEL][PAIR]`, zero past `n` and `k`: the block
     /// of depth `d..` of panel `p` starts at `(p * kp + d) * PANEL`.
-    packed: Vec<bf16>,
+    packed: Slab<bf16>,
 }
 
 impl DotLinear {
@@ -180,7 +202,22 @@ impl DotLinear {
             .par_chunks_mut(PANEL * kp.max(1))
             .enumerate()
             .for_each(|(p, panel)| fill(panel, p * PANEL..n.min((p + 1) * PANEL)));
-        Self { n, k, kp, packed }
+        Self {
+            n,
+            k,
+            kp,
+            packed: packed.into(),
+        }
+    }
+
+    fn restore(reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+        let kp = k.next_multiple_of(PAIR);
+        Ok(Self {
+            n,
+            k,
+            kp,
+            packed: reader.take(n.next_multiple_of(PANEL) * kp)?,
+        })
     }
 
     fn matmul_t(&self, x: &[f32], m: usize) -> Vec<f32> {

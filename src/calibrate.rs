@@ -152,6 +152,8 @@ impl Check {
             &mut Weights::open(weights)?,
             &Device::Cpu,
             Dtype::F32,
+            // Once per weights file: not worth a GB of disk.
+            None,
         )?;
         let reference = pooled(&f32, &inputs, pooling)?;
         Ok(Self {

@@ -70,6 +70,11 @@ pub struct LoadOptions {
     pub dtype: Dtype,
     /// Where converted weights are kept. `None`: `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.
     pub cache_dir: Option<PathBuf>,
+    /// Keep the layers packed for recall's CPU kernels in `cache_dir`'s
+    /// `packed/` and map them at later loads (`crate::packcache`): a start
+    /// then costs no packing, and processes share the weights' memory.
+    /// Default: on, unless `RECALL_PACK_CACHE=off`.
+    pub pack_cache: bool,
 }
 
 impl Default for LoadOptions {
@@ -80,6 +85,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             dtype: Dtype::F32,
             cache_dir: None,
+            pack_cache: std::env::var_os("RECALL_PACK_CACHE").is_none_or(|v| v != "off"),
         }
     }
 }
@@ -105,6 +111,9 @@ pub struct ModelInfo {
     /// For q8: how close its vectors came to f32's on this model
     /// (`crate::calibrate`).
     pub q8_fidelity: Option<crate::calibrate::Fidelity>,
+    /// The pack file the encoder's packed layers are mapped from
+    /// (`crate::packcache`); `None`: they were packed in memory.
+    pub pack_file: Option<PathBuf>,
     pub load_time: Duration,
     /// The checkpoint was converted to safetensors during this load.
     pub converted: bool,
@@ -171,8 +180,15 @@ impl Embedder {
             _ => None,
         };
         let mut weights = Weights::open(&weights_path)?;
-        let encoder = Encoder::load(&files.encoder, &mut weights, &options.device, options.dtype)
-            .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
+        let pack_dir = options.pack_cache.then_some(cache_dir.as_path());
+        let encoder = Encoder::load(
+            &files.encoder,
+            &mut weights,
+            &options.device,
+            options.dtype,
+            pack_dir,
+        )
+        .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
         drop(weights);
         let q8_fidelity = check.map(|c| c.finish(&encoder)).transpose()?;
         let hidden = files.encoder.hidden_size;
@@ -196,6 +212,7 @@ impl Embedder {
             normalize,
             dtype: options.dtype,
             q8_fidelity,
+            pack_file: encoder.pack_file().map(Path::to_path_buf),
             load_time: started.elapsed(),
             converted,
         };

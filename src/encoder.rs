@@ -6,6 +6,8 @@
 //! blocks, so its memory stays bounded at any length (8192 tokens included).
 //! Position ids are integers computed on the host, as Hugging Face does.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{Context, Result};
 use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{LayerNorm, Linear, Module};
@@ -15,6 +17,7 @@ use crate::bf16::Bf16Linear;
 use crate::matmul::{PackedLinear, packed_available};
 use crate::model::config::{Activation, EncoderConfig};
 use crate::model::weights::{MappedF32, Weights};
+use crate::packcache::{PackFile, Reader, Writer};
 use crate::quant::QLinear;
 
 /// Upper bound on one attention score block (heads × query rows × keys), in
@@ -104,6 +107,35 @@ impl ProjWeight {
             Dtype::Bf16 => Self::Bf16(Bf16Linear::pack(w, n, k)),
         }
     }
+
+    /// `[n, k]` packed for `dtype`'s kernel, read from a pack file.
+    fn restore(dtype: Dtype, reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+        Ok(match dtype {
+            Dtype::F32 => Self::Packed(PackedLinear::restore(reader, n, k)?),
+            Dtype::Q8 => Self::Q8(QLinear::restore(reader, n, k)?),
+            Dtype::Bf16 => Self::Bf16(Bf16Linear::restore(reader, n, k)?),
+        })
+    }
+
+    /// Adds a packed weight's parts to a pack file (a tensor has none).
+    fn push<'a>(&'a self, writer: &mut Writer<'a>) {
+        match self {
+            Self::F32(_) => {}
+            Self::Packed(w) => writer.push(w),
+            Self::Q8(w) => writer.push(w),
+            Self::Bf16(w) => writer.push(w),
+        }
+    }
+}
+
+/// The kernel `dtype`'s packed layers are laid out for on this CPU, as a
+/// pack file names it.
+fn packed_kernel(dtype: Dtype) -> String {
+    match dtype {
+        Dtype::F32 => format!("{:?}", crate::matmul::PackedKernel::get()),
+        Dtype::Bf16 => format!("{:?}", crate::bf16::Bf16Kernel::get()),
+        Dtype::Q8 => format!("{:?}", crate::quant::Kernel::get()),
+    }
 }
 
 impl Proj {
@@ -111,16 +143,20 @@ impl Proj {
     /// A packed weight is read straight from the file's map where it holds
     /// f32: a copy first was a fresh 2 GB at load whose pages the kernel
     /// zeroes.
+    /// With `packs`, the packed weight is the pack file's next part.
     fn load(
         w: &Weights,
         name: &str,
         (out, inp): (usize, usize),
         dev: &Device,
         dtype: Dtype,
+        packs: Option<&mut Reader>,
     ) -> Result<Self> {
         let bias = w.get(&format!("{name}.bias"), &[out], dev)?;
         let weight_name = format!("{name}.weight");
-        let weight = if ProjWeight::packs(dtype, dev) {
+        let weight = if let Some(reader) = packs {
+            ProjWeight::restore(dtype, reader, out, inp)?
+        } else if ProjWeight::packs(dtype, dev) {
             w.with_f32(&weight_name, &[out, inp], |data| {
                 ProjWeight::pack(dtype, data, out, inp)
             })?
@@ -289,30 +325,45 @@ pub struct Encoder {
     embed_norm: LayerNorm,
     layers: Vec<Layer>,
     device: Device,
+    /// Where the packed layers are mapped from, if they are.
+    pack_file: Option<PathBuf>,
 }
 
-fn linear(w: &Weights, name: &str, out: usize, inp: usize, dev: &Device) -> Result<Linear> {
-    let weight = w.get(&format!("{name}.weight"), &[out, inp], dev)?;
-    let bias = w.get(&format!("{name}.bias"), &[out], dev)?;
-    Ok(Linear::new(weight, Some(bias)))
-}
-
-fn qkv(w: &Weights, name: &str, h: usize, heads: usize, dev: &Device) -> Result<Linear> {
+/// Query, key and value of the attention `name` stacked into one layer
+/// (`Layer::qkv`), the query scaled by 1/√head_dim; with `packs`, its
+/// packed weight is the pack file's next part.
+fn qkv(
+    w: &Weights,
+    name: &str,
+    (h, heads): (usize, usize),
+    dev: &Device,
+    dtype: Dtype,
+    packs: Option<&mut Reader>,
+) -> Result<Proj> {
     let scale = 1.0 / ((h / heads) as f64).sqrt();
-    let query = linear(w, &format!("{name}.query"), h, h, dev)?;
-    let key = linear(w, &format!("{name}.key"), h, h, dev)?;
-    let value = linear(w, &format!("{name}.value"), h, h, dev)?;
-    let bias = |l: &Linear| l.bias().context("a linear layer without bias").cloned();
-    let weight = Tensor::cat(
+    let part =
+        |p: &str, what: &str, shape: &[usize]| w.get(&format!("{name}.{p}.{what}"), shape, dev);
+    let bias = Tensor::cat(
         &[
-            (query.weight() * scale)?,
-            key.weight().clone(),
-            value.weight().clone(),
+            (part("query", "bias", &[h])? * scale)?,
+            part("key", "bias", &[h])?,
+            part("value", "bias", &[h])?,
         ],
         0,
     )?;
-    let bias = Tensor::cat(&[(bias(&query)? * scale)?, bias(&key)?, bias(&value)?], 0)?;
-    Ok(Linear::new(weight, Some(bias)))
+    if let Some(reader) = packs {
+        let weight = ProjWeight::restore(dtype, reader, 3 * h, h)?;
+        return Ok(Proj { weight, bias });
+    }
+    let weight = Tensor::cat(
+        &[
+            (part("query", "weight", &[h, h])? * scale)?,
+            part("key", "weight", &[h, h])?,
+            part("value", "weight", &[h, h])?,
+        ],
+        0,
+    )?;
+    Proj::new(Linear::new(weight, Some(bias)), dtype)
 }
 
 fn layer_norm(w: &Weights, name: &str, size: usize, eps: f64, dev: &Device) -> Result<LayerNorm> {
@@ -327,11 +378,15 @@ impl Encoder {
         &self.device
     }
 
+    /// Loads the encoder from `weights`. With `pack_dir`, packed layers are
+    /// read from their pack file there (`crate::packcache`), which the
+    /// first load writes.
     pub fn load(
         config: &EncoderConfig,
         weights: &mut Weights,
         device: &Device,
         dtype: Dtype,
+        pack_dir: Option<&Path>,
     ) -> Result<Self> {
         if dtype != Dtype::F32 && !device.is_cpu() {
             anyhow::bail!("--dtype {dtype} runs on the CPU only, not on {device:?}");
@@ -343,6 +398,74 @@ impl Encoder {
             );
         }
         weights.detect_prefix(WORD_EMBEDDINGS)?;
+        let pack_file = match (pack_dir, weights.safetensors_header()) {
+            (Some(dir), Some(header)) if ProjWeight::packs(dtype, device) => Some(PackFile::new(
+                dir,
+                weights.path(),
+                header,
+                dtype.as_str(),
+                &packed_kernel(dtype),
+            )?),
+            _ => None,
+        };
+        let Some(pack_file) = pack_file else {
+            return Self::build(config, weights, device, dtype, None);
+        };
+        let shown = pack_file.path().display();
+        match pack_file.open() {
+            Ok(Some(mut reader)) => {
+                match Self::build(config, weights, device, dtype, Some(&mut reader))
+                    .and_then(|e| reader.finish().map(|()| e))
+                {
+                    Ok(encoder) => {
+                        tracing::debug!("packed weights read from {shown}");
+                        return Ok(encoder.mapped_from(pack_file.path()));
+                    }
+                    Err(e) => {
+                        tracing::debug!("{shown} does not fit the model ({e:#}): packing again")
+                    }
+                }
+            }
+            Ok(None) => tracing::debug!("no packed weights at {shown} yet: packing"),
+            Err(e) => tracing::debug!("{shown}: {e:#}: packing again"),
+        }
+        let encoder = Self::build(config, weights, device, dtype, None)?;
+        let mut writer = Writer::default();
+        encoder.push_packs(&mut writer);
+        if let Err(e) = pack_file.write(&writer) {
+            tracing::warn!(
+                "cannot keep the packed weights in {shown} ({e:#}): every start packs them again"
+            );
+            return Ok(encoder);
+        }
+        // Read back from the file, its pages are the page cache's, shared
+        // with the next process, rather than this one's own; the packed
+        // copy goes first, so that the two never take memory at once.
+        drop(writer);
+        drop(encoder);
+        let mapped = pack_file.open().and_then(|reader| {
+            let mut reader = reader.context("it is gone")?;
+            Self::build(config, weights, device, dtype, Some(&mut reader))
+        });
+        match mapped {
+            Ok(mapped) => {
+                tracing::debug!("packed weights kept in {shown}");
+                Ok(mapped.mapped_from(pack_file.path()))
+            }
+            Err(e) => {
+                tracing::warn!("cannot read back {shown} ({e:#}): packing in memory");
+                Self::build(config, weights, device, dtype, None)
+            }
+        }
+    }
+
+    fn build(
+        config: &EncoderConfig,
+        weights: &Weights,
+        device: &Device,
+        dtype: Dtype,
+        mut packs: Option<&mut Reader>,
+    ) -> Result<Self> {
         let c = config;
         let (h, dev) = (c.hidden_size, device);
         let word_embeddings = WordEmbeddings::load(weights, c.vocab_size, h, dev)?;
@@ -362,13 +485,17 @@ impl Encoder {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = format!("encoder.layer.{i}");
-            let proj =
-                |name: &str, shape| Proj::load(weights, &format!("{p}.{name}"), shape, dev, dtype);
+            let qkv = {
+                let name = format!("{p}.attention.self");
+                let packs = packs.as_deref_mut();
+                qkv(weights, &name, (h, c.num_heads), dev, dtype, packs)?
+            };
+            let mut proj = |name: &str, shape| {
+                let packs = packs.as_deref_mut();
+                Proj::load(weights, &format!("{p}.{name}"), shape, dev, dtype, packs)
+            };
             layers.push(Layer {
-                qkv: Proj::new(
-                    qkv(weights, &format!("{p}.attention.self"), h, c.num_heads, dev)?,
-                    dtype,
-                )?,
+                qkv,
                 attn_out: proj("attention.output.dense", (h, h))?,
                 attn_norm: layer_norm(
                     weights,
@@ -396,7 +523,29 @@ impl Encoder {
             embed_norm,
             layers,
             device: device.clone(),
+            pack_file: None,
         })
+    }
+
+    fn mapped_from(self, pack_file: &Path) -> Self {
+        Self {
+            pack_file: Some(pack_file.to_path_buf()),
+            ..self
+        }
+    }
+
+    /// The pack file the packed layers are mapped from, if they are.
+    pub fn pack_file(&self) -> Option<&Path> {
+        self.pack_file.as_deref()
+    }
+
+    /// Every packed layer's parts, in the order `build` reads them.
+    fn push_packs<'a>(&'a self, writer: &mut Writer<'a>) {
+        for l in &self.layers {
+            for proj in [&l.qkv, &l.attn_out, &l.intermediate, &l.output] {
+                proj.weight.push(writer);
+            }
+        }
     }
 
     /// Runs the encoder over `inputs` (token ids, special tokens included)

@@ -17,6 +17,7 @@ pub mod index;
 #[doc(hidden)]
 pub mod matmul;
 pub mod model;
+pub mod packcache;
 pub mod paths;
 pub mod provider;
 pub mod quant;

@@ -24,7 +24,10 @@
 //! Same products, summed in a different order than `gemm`: results differ
 //! by float rounding only (the parity tests hold at 1e-5 on every path).
 
+use anyhow::Result;
 use rayon::prelude::*;
+
+use crate::packcache::{Packed, Reader, Slab};
 
 /// Whether this CPU has AVX2 and FMA (checked once).
 #[cfg(target_arch = "x86_64")]
@@ -118,7 +121,7 @@ pub(crate) fn for_each_tile(m: usize, np: usize, k: usize, tile: impl Fn(TileAt)
 /// register with a zero-extending load and a shift cost twice that, and a
 /// 16-token query ran no faster than f32 on Zen 4's AVX2 path; widening a
 /// whole block before its row tiles was slower still.
-pub trait PackedWeight: Copy + Default + Send + Sync + 'static {
+pub trait PackedWeight: crate::packcache::Plain + Default {
     /// Whether a strip's columns are interleaved in pairs of registers.
     const INTERLEAVED: bool;
 
@@ -328,7 +331,7 @@ pub struct PackedLinear<E = f32> {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kernel: PackedKernel,
     /// `[panels][blocks][strips][depth][strip]`, zero past `n`.
-    packed: Vec<E>,
+    packed: Slab<E>,
 }
 
 impl<E: PackedWeight> PackedLinear<E> {
@@ -340,10 +343,9 @@ impl<E: PackedWeight> PackedLinear<E> {
 
     pub(crate) fn pack_for(kernel: PackedKernel, w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w is not [n, k]");
-        let mut packed = Self::zeroed(kernel, n, k);
+        let mut packed = Self::zeroed(n, k);
         let strip = kernel.strip();
         packed
-            .packed
             .par_chunks_mut(PANEL * k.max(1))
             .enumerate()
             .for_each(|(p, panel)| {
@@ -358,7 +360,7 @@ impl<E: PackedWeight> PackedLinear<E> {
                     }
                 }
             });
-        packed
+        Self::from_packed(kernel, n, k, packed.into())
     }
 
     /// Packs a weight given as its transpose, `wt: [k, n]` (row-major):
@@ -374,9 +376,9 @@ impl<E: PackedWeight> PackedLinear<E> {
         n: usize,
     ) -> Self {
         assert_eq!(wt.len(), k * n, "wt is not [k, n]");
-        let mut packed = Self::zeroed(kernel, n, k);
+        let mut packed = Self::zeroed(n, k);
         let strip = kernel.strip();
-        for (p, panel) in packed.packed.chunks_mut(PANEL * k.max(1)).enumerate() {
+        for (p, panel) in packed.chunks_mut(PANEL * k.max(1)).enumerate() {
             let cols = PANEL.min(n - p * PANEL);
             for d in 0..k {
                 let row = &wt[d * n + p * PANEL..][..cols];
@@ -388,17 +390,40 @@ impl<E: PackedWeight> PackedLinear<E> {
                 }
             }
         }
-        packed
+        Self::from_packed(kernel, n, k, packed.into())
     }
 
-    fn zeroed(kernel: PackedKernel, n: usize, k: usize) -> Self {
-        let packed = vec![E::default(); n.next_multiple_of(PANEL) * k];
+    fn zeroed(n: usize, k: usize) -> Vec<E> {
+        vec![E::default(); Self::packed_len(n, k)]
+    }
+
+    fn packed_len(n: usize, k: usize) -> usize {
+        n.next_multiple_of(PANEL) * k
+    }
+
+    fn from_packed(kernel: PackedKernel, n: usize, k: usize, packed: Slab<E>) -> Self {
         Self {
             n,
             k,
             kernel,
             packed,
         }
+    }
+
+    /// The layer `[n, k]` packed for this CPU, read from a pack file
+    /// (written from `Packed::parts`).
+    pub fn restore(reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+        Self::restore_for(this_cpu(), reader, n, k)
+    }
+
+    pub(crate) fn restore_for(
+        kernel: PackedKernel,
+        reader: &mut Reader,
+        n: usize,
+        k: usize,
+    ) -> Result<Self> {
+        let packed = reader.take(Self::packed_len(n, k))?;
+        Ok(Self::from_packed(kernel, n, k, packed))
     }
 
     /// Output columns.
@@ -462,6 +487,12 @@ impl<E: PackedWeight> PackedLinear<E> {
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
         without_padding(out, np, n)
+    }
+}
+
+impl<E: PackedWeight> Packed for PackedLinear<E> {
+    fn parts(&self) -> Vec<&[u8]> {
+        vec![self.packed.bytes()]
     }
 }
 

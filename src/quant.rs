@@ -24,7 +24,10 @@
 //! vectors (another revision: `Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
 
+use anyhow::Result;
 use rayon::prelude::*;
+
+use crate::packcache::{Packed, Reader, Slab};
 
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::Prefetch;
@@ -44,11 +47,11 @@ pub struct QLinear {
     /// `k` rounded up to a whole group.
     kp: usize,
     /// `[panels][kp / GROUP][PANEL][GROUP]`, zero past `n` and `k`.
-    packed: Vec<i8>,
+    packed: Slab<i8>,
     /// Per output column (padded to whole panels).
-    scales: Vec<f32>,
+    scales: Slab<f32>,
     /// Per output column: the sum of its quantised weights.
-    sums: Vec<i32>,
+    sums: Slab<i32>,
     /// The largest weight magnitude it was quantised to.
     limit: i32,
 }
@@ -88,11 +91,27 @@ impl QLinear {
             n,
             k,
             kp,
-            packed,
-            scales,
-            sums,
+            packed: packed.into(),
+            scales: scales.into(),
+            sums: sums.into(),
             limit: kernel.weight_limit(),
         }
+    }
+
+    /// The layer `[n, k]` quantised for this CPU's kernel, read from a pack
+    /// file (written from `Packed::parts`).
+    pub fn restore(reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+        let kp = k.next_multiple_of(GROUP);
+        let np = n.next_multiple_of(PANEL);
+        Ok(Self {
+            n,
+            k,
+            kp,
+            packed: reader.take(np * kp)?,
+            scales: reader.take(np)?,
+            sums: reader.take(np)?,
+            limit: Kernel::get().weight_limit(),
+        })
     }
 
     /// Output columns.
@@ -160,6 +179,12 @@ impl QLinear {
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
         crate::matmul::without_padding(out, np, n)
+    }
+}
+
+impl Packed for QLinear {
+    fn parts(&self) -> Vec<&[u8]> {
+        vec![self.packed.bytes(), self.scales.bytes(), self.sums.bytes()]
     }
 }
 

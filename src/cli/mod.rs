@@ -35,7 +35,8 @@ use recall::{Embedder, LoadOptions};
         "Environment:\n",
         "  RECALL_MODEL        model directory (as --model)\n",
         "  RECALL_DTYPE        f32, bf16 or q8 (as --dtype)\n",
-        "  RECALL_CACHE_DIR    recall's own cache: converted weights, manifests (default ~/.cache/recall)\n",
+        "  RECALL_CACHE_DIR    recall's own cache: converted and packed weights, manifests (default ~/.cache/recall)\n",
+        "  RECALL_PACK_CACHE   off: pack the weights at every start instead of keeping them packed in the cache\n",
         "  RECALL_CONFIG       config.toml of the embedding providers (as --config)\n",
         "  RECALL_PROVIDERS    provider chain, comma-separated (as --provider)\n",
         "  RECALL_API_KEY      the key `recall serve` requires (as --api-key)\n",
@@ -309,7 +310,7 @@ pub struct ModelArgs {
     #[arg(long)]
     offline: bool,
     /// Weights of the encoder's linear layers: f32 (as the checkpoint); bf16 (rounded at
-    /// load: half the memory, 1.6-1.9× f32's speed on a Zen 4 with AVX512_BF16, vectors
+    /// load: half the memory, 1.5-2× f32's speed on a Zen 4 with AVX512_BF16, vectors
     /// within 0.9995 cosine of f32, in the same index as f32); or q8 (int8, quantised at
     /// load: several times faster on CPUs with AVX-512 VNNI, vectors within about 0.99
     /// cosine of f32; an index keeps to one of them). CPU only.
@@ -379,7 +380,7 @@ impl ModelArgs {
                 recall::Dtype::Q8 | recall::Dtype::Bf16 => candle_core::Device::Cpu,
             },
             dtype: self.dtype,
-            cache_dir: None,
+            ..LoadOptions::default()
         };
         let embedder = Embedder::load(&dir, &options)?;
         let info = embedder.info();

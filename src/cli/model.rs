@@ -419,7 +419,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                         "type": info.model_type, "bytes": dir_size(&located.dir), "weights": info.weights,
                         "dimension": info.dense_dim, "colbert_dimension": info.colbert_dim,
                         "outputs": outputs, "max_length": info.model_max_length,
-                        "load_seconds": info.load_time.as_secs_f64(),
+                        "load_seconds": info.load_time.as_secs_f64(), "pack_file": info.pack_file,
                     })
                 );
                 return Ok(());
@@ -439,6 +439,9 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             );
             println!("outputs:     {}", outputs.join(", "));
             println!("max length:  {} tokens", info.model_max_length);
+            if let Some(pack) = &info.pack_file {
+                println!("packed:      {}", pack.display());
+            }
             println!("loaded in:   {:.2}s", info.load_time.as_secs_f64());
         }
     }

@@ -58,6 +58,22 @@ impl Weights {
         })
     }
 
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A safetensors file's header (its length and JSON: every tensor's
+    /// name, type, shape and place), which changes with any change of
+    /// layout; `None` for a PyTorch checkpoint.
+    pub fn safetensors_header(&self) -> Option<&[u8]> {
+        let Source::Safetensors { map, .. } = &self.source else {
+            return None;
+        };
+        let len = u64::from_le_bytes(map.get(..8)?.try_into().ok()?);
+        map.get(..8 + usize::try_from(len).ok()?)
+    }
+
     fn contains(&self, name: &str) -> bool {
         match &self.source {
             Source::Safetensors { tensors, .. } => tensors.contains_key(name),
