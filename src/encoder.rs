@@ -445,7 +445,8 @@ impl Encoder {
         drop(encoder);
         let mapped = pack_file.open().and_then(|reader| {
             let mut reader = reader.context("it is gone")?;
-            Self::build(config, weights, device, dtype, Some(&mut reader))
+            let mapped = Self::build(config, weights, device, dtype, Some(&mut reader))?;
+            reader.finish().map(|()| mapped)
         });
         match mapped {
             Ok(mapped) => {

@@ -52,12 +52,17 @@ unsafe impl Plain for half::bf16 {}
 /// file's map (which lives as long as any of its slabs).
 pub enum Slab<E> {
     Owned(Vec<E>),
-    Mapped {
-        map: Arc<Mmap>,
-        start: usize,
-        len: usize,
-        element: PhantomData<E>,
-    },
+    Mapped(MappedPart<E>),
+}
+
+/// `len` elements at byte `start` of a pack file's map. Only
+/// `Reader::take` makes one, after checking that they lie inside the map,
+/// aligned.
+pub struct MappedPart<E> {
+    map: Arc<Mmap>,
+    start: usize,
+    len: usize,
+    element: PhantomData<E>,
 }
 
 impl<E: Plain> Slab<E> {
@@ -83,12 +88,12 @@ impl<E: Plain> std::ops::Deref for Slab<E> {
     fn deref(&self) -> &[E] {
         match self {
             Self::Owned(v) => v,
-            // SAFETY: `Reader::take` checked that `start` is aligned for E
-            // (the map is page-aligned) and that `len` elements lie inside
-            // the map; every bit pattern is an E (`Plain`).
-            Self::Mapped {
+            // SAFETY: `Reader::take`, the only maker of a MappedPart,
+            // checked that `start` is aligned for E and that `len` elements
+            // lie inside the map; every bit pattern is an E (`Plain`).
+            Self::Mapped(MappedPart {
                 map, start, len, ..
-            } => unsafe { std::slice::from_raw_parts(map.as_ptr().add(*start).cast(), *len) },
+            }) => unsafe { std::slice::from_raw_parts(map.as_ptr().add(*start).cast(), *len) },
         }
     }
 }
@@ -130,20 +135,29 @@ impl Reader {
             bail!("the pack file holds fewer layers than the model has");
         };
         self.next += 1;
-        if bytes != len * std::mem::size_of::<E>() {
+        let needed = len.checked_mul(std::mem::size_of::<E>());
+        if needed != Some(bytes) {
             bail!(
-                "part {} of the pack file has {bytes} bytes, the model needs {}",
+                "part {} of the pack file has {bytes} bytes, the model needs {len} elements of {}",
                 self.next - 1,
-                len * std::mem::size_of::<E>()
+                std::mem::size_of::<E>()
             );
         }
-        debug_assert_eq!(start % std::mem::align_of::<E>(), 0);
-        Ok(Slab::Mapped {
+        // `open` checked that the part lies inside the map and starts at a
+        // multiple of ALIGN; the map is page-aligned.
+        if start
+            .checked_add(bytes)
+            .is_none_or(|end| end > self.map.len())
+            || !(self.map.as_ptr() as usize + start).is_multiple_of(std::mem::align_of::<E>())
+        {
+            bail!("part {} of the pack file lies outside it", self.next - 1);
+        }
+        Ok(Slab::Mapped(MappedPart {
             map: self.map.clone(),
             start,
             len,
             element: PhantomData,
-        })
+        }))
     }
 
     /// Fails unless every part was taken.
@@ -275,20 +289,26 @@ impl PackFile {
             header.parts.push((at, part.len()));
             at = (at + part.len()).next_multiple_of(ALIGN);
         }
-        // Two passes: the header's length moves the parts.
-        let mut encoded = encode_header(&header)?;
-        let data_start = encoded.len().next_multiple_of(ALIGN);
-        for p in &mut header.parts {
-            p.0 += data_start;
-        }
-        header.size = header.parts.last().map_or(data_start, |&(s, l)| s + l);
-        encoded = encode_header(&header)?;
-        if encoded.len().next_multiple_of(ALIGN) != data_start {
-            bail!("the pack file's header changed length between its passes");
-        }
+        // The header says where the parts start, which depends on the
+        // header's length: move them on until it fits before them.
+        let relative = header.parts.clone();
+        let mut data_start = 0;
+        let encoded = loop {
+            header.parts = relative.iter().map(|&(s, l)| (s + data_start, l)).collect();
+            header.size = header.parts.last().map_or(data_start, |&(s, l)| s + l);
+            let encoded = encode_header(&header)?;
+            if encoded.len() <= data_start {
+                break encoded;
+            }
+            data_start = encoded.len().next_multiple_of(ALIGN);
+        };
+        // Stale packs go first, and the file this one replaces counts as
+        // free: a full disk must not keep them forever.
+        prune(dir, &self.path);
         const MARGIN: u64 = 1 << 30;
+        let replaced = std::fs::metadata(&self.path).map_or(0, |m| m.len());
         if let Some(free) = space_left(dir)
-            && free < header.size as u64 + MARGIN
+            && free + replaced < header.size as u64 + MARGIN
         {
             bail!(
                 "{} has {} MiB free; packed weights take {} MiB and a GiB is kept free",
@@ -309,9 +329,14 @@ impl PackFile {
         }
         out.flush()?;
         drop(out);
+        // On disk before it is renamed into place: after a power cut, a
+        // file of the right name and size with data blocks never written
+        // would pass every check of `open`.
+        tmp.as_file()
+            .sync_all()
+            .with_context(|| format!("cannot write {}", tmp.path().display()))?;
         tmp.persist(&self.path)
             .with_context(|| format!("cannot write {}", self.path.display()))?;
-        prune(dir, &self.path);
         Ok(())
     }
 }
@@ -328,9 +353,14 @@ fn prune(dir: &Path, keep: &Path) {
         if path == keep || path.extension().is_none_or(|e| e != "pack") {
             continue;
         }
-        let stale = match header_bytes(&path).and_then(|bytes| read_header(&bytes)) {
-            Ok(h) => crate::model::file_key(&h.source_path).ok() != Some(h.source),
-            Err(_) => true,
+        // A file that cannot be read (another user's, say) is left alone;
+        // one that reads but is not a whole pack header is damaged.
+        let stale = match File::open(&path) {
+            Err(_) => false,
+            Ok(file) => match header_bytes(file).and_then(|bytes| read_header(&bytes)) {
+                Ok(h) => crate::model::file_key(&h.source_path).ok() != Some(h.source),
+                Err(_) => true,
+            },
         };
         if stale {
             tracing::debug!("removing the stale {}", path.display());
@@ -367,11 +397,10 @@ fn encode_header(header: &Header) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The first bytes of the file at `path`, as many as its header takes
-/// (without reading the layers).
-fn header_bytes(path: &Path) -> Result<Vec<u8>> {
+/// The first bytes of `file`, as many as its header takes (without reading
+/// the layers).
+fn header_bytes(mut file: File) -> Result<Vec<u8>> {
     use std::io::Read;
-    let mut file = File::open(path)?;
     let mut bytes = vec![0u8; 48];
     file.read_exact(&mut bytes)?;
     let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
@@ -521,6 +550,26 @@ mod tests {
         assert!(!b_pack.exists(), "its weights changed");
         assert!(!junk.exists(), "unreadable");
         assert!(c_pack.exists() && other.exists());
+    }
+
+    #[test]
+    fn every_length_of_header_is_written_and_read() {
+        // The header's length moves the parts, whose places are in the
+        // header: every path length must settle.
+        let dir = tempfile::tempdir().unwrap();
+        let layer = Layer(vec![0.5f32; 3].into(), vec![3i8; 5].into());
+        let mut w = Writer::default();
+        w.push(&layer);
+        for n in 1..=130 {
+            let weights = dir.path().join(format!("{}.safetensors", "w".repeat(n)));
+            std::fs::write(&weights, b"weights").unwrap();
+            let file = pack_file(dir.path(), &weights);
+            file.write(&w).unwrap();
+            let mut r = file.open().unwrap().unwrap();
+            assert_eq!(&*r.take::<f32>(3).unwrap(), &[0.5; 3]);
+            assert_eq!(&*r.take::<i8>(5).unwrap(), &[3; 5]);
+            r.finish().unwrap();
+        }
     }
 
     #[test]
