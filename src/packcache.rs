@@ -99,7 +99,7 @@ impl<E: Plain> std::ops::Deref for Slab<E> {
 }
 
 /// A packed layer's parts, in the order it writes and reads them.
-pub trait Packed: Sized {
+pub trait Packed {
     /// The parts' bytes.
     fn parts(&self) -> Vec<&[u8]>;
 }
@@ -113,10 +113,6 @@ pub struct Writer<'a> {
 impl<'a> Writer<'a> {
     pub fn push(&mut self, layer: &'a impl Packed) {
         self.parts.extend(layer.parts());
-    }
-
-    pub fn push_slab<E: Plain>(&mut self, slab: &'a Slab<E>) {
-        self.parts.push(slab.bytes());
     }
 }
 
@@ -173,9 +169,9 @@ impl Reader {
     }
 }
 
-/// What a pack file is of, written into its header and compared at load.
-#[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
-struct Header {
+/// What a pack file is of: compared at load.
+#[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug, Clone)]
+struct Identity {
     format: u32,
     recall: String,
     /// The weights file, as it was found.
@@ -186,6 +182,12 @@ struct Header {
     source_header: String,
     dtype: String,
     kernel: String,
+}
+
+/// A pack file's header: what it is of, and where its parts lie.
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+struct Header {
+    identity: Identity,
     /// (start, length in bytes) of each part.
     parts: Vec<(usize, usize)>,
     /// The file's length.
@@ -195,7 +197,7 @@ struct Header {
 /// The pack file of one weights file, dtype and kernel.
 pub struct PackFile {
     path: PathBuf,
-    header: Header,
+    identity: Identity,
 }
 
 impl PackFile {
@@ -219,7 +221,7 @@ impl PackFile {
             .to_string();
         Ok(Self {
             path: cache_dir.join("packed").join(format!("{name}.pack")),
-            header: Header {
+            identity: Identity {
                 format: FORMAT,
                 recall: env!("CARGO_PKG_VERSION").to_string(),
                 source_path: canonical,
@@ -227,8 +229,6 @@ impl PackFile {
                 source_header: hex(&Sha256::digest(source_header)),
                 dtype: dtype.to_string(),
                 kernel: kernel.to_string(),
-                parts: Vec::new(),
-                size: 0,
             },
         })
     }
@@ -249,12 +249,7 @@ impl PackFile {
         // rewritten in place (see the module's comment).
         let map = unsafe { Mmap::map(&file) }.context("cannot map it")?;
         let header = read_header(&map)?;
-        let expected = Header {
-            parts: header.parts.clone(),
-            size: header.size,
-            ..self.header.clone_identity()
-        };
-        if header != expected {
+        if header.identity != self.identity {
             bail!("it was packed from other weights, for another kernel or by another recall");
         }
         if header.size != map.len() {
@@ -283,7 +278,11 @@ impl PackFile {
     pub fn write(&self, parts: &Writer) -> Result<()> {
         let dir = self.path.parent().context("a pack file has a directory")?;
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let mut header = self.header.clone_identity();
+        let mut header = Header {
+            identity: self.identity.clone(),
+            parts: Vec::new(),
+            size: 0,
+        };
         let mut at = 0;
         for part in &parts.parts {
             header.parts.push((at, part.len()));
@@ -358,30 +357,15 @@ fn prune(dir: &Path, keep: &Path) {
         let stale = match File::open(&path) {
             Err(_) => false,
             Ok(file) => match header_bytes(file).and_then(|bytes| read_header(&bytes)) {
-                Ok(h) => crate::model::file_key(&h.source_path).ok() != Some(h.source),
+                Ok(h) => {
+                    crate::model::file_key(&h.identity.source_path).ok() != Some(h.identity.source)
+                }
                 Err(_) => true,
             },
         };
         if stale {
             tracing::debug!("removing the stale {}", path.display());
             let _ = std::fs::remove_file(&path);
-        }
-    }
-}
-
-impl Header {
-    /// The fields that say what the file is of, without its layout.
-    fn clone_identity(&self) -> Self {
-        Self {
-            format: self.format,
-            recall: self.recall.clone(),
-            source_path: self.source_path.clone(),
-            source: self.source.clone(),
-            source_header: self.source_header.clone(),
-            dtype: self.dtype.clone(),
-            kernel: self.kernel.clone(),
-            parts: Vec::new(),
-            size: 0,
         }
     }
 }
