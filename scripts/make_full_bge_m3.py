@@ -9,9 +9,13 @@ nothing. The tokenizer is the tiny fixture's (same special tokens); the
 benchmarks feed token ids directly.
 
     python scripts/make_full_bge_m3.py [--out models/bge-m3-random] [--with-bin]
+        [--outliers N [--factor F]]
 
 --with-bin also writes pytorch_model.bin (what BAAI/bge-m3 ships), to time
-the one-time conversion. Needs torch and safetensors (scripts/dev-venv.sh).
+the one-time conversion. --outliers scales N channels of every encoder
+LayerNorm by F (as tests/common's outlier_model does to the small models),
+to time q8's outlier channels (default out: models/bge-m3-random-outliers).
+Needs torch and safetensors (scripts/dev-venv.sh).
 About 2.3 GB per weights file.
 """
 
@@ -85,10 +89,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(root, "models", "bge-m3-random"))
     ap.add_argument("--with-bin", action="store_true")
+    ap.add_argument("--outliers", type=int, default=0, help="channels of every encoder LayerNorm to scale")
+    ap.add_argument("--factor", type=float, default=20.0)
     args = ap.parse_args()
+    if args.outliers and args.out == ap.get_default("out"):
+        args.out += "-outliers"
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(20261202)
     sd = state_dict(gen)
+    for name, t in sd.items():
+        if "encoder.layer." in name and "LayerNorm." in name:
+            t[[3, 17, 29, 11][: args.outliers]] *= args.factor
     save_file(sd, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
     if args.with_bin:
         torch.save(sd, os.path.join(args.out, "pytorch_model.bin"))

@@ -16,7 +16,7 @@ cargo test --all-targets "$@"
 python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --requests 2000
 # The encoder's kernels depend on the CPU, so check the others against the
 # same references too: the AVX2 tiles, f32, bf16 widened and q8 with its
-# 7-bit weights (CPUs without AVX-512, where the run above took the AVX-512
+# 7-bit activations (CPUs without AVX-512, where the run above took the AVX-512
 # tiles and, with AVX512_BF16, its bf16 tile), and candle's matmul (other
 # CPUs; GPUs).
 # (The sweep over search's constants on the dev history is the same on every kernel: once is enough.)

@@ -191,10 +191,10 @@ mod tests {
 
     #[test]
     fn q8_is_close_to_f32_attention() {
-        // The keys' rounding step doubles with the AVX2 kernel's 7-bit
-        // weights (`Kernel::weight_limit`), and so does the error.
-        let limit = crate::quant::Kernel::get().weight_limit() as f32;
-        check(Scores::Q8, 0.02 * 127.0 / limit);
+        // The queries' rounding step doubles with the AVX2 kernel's 7-bit
+        // activations (`Kernel::activation_levels`), and so does the error.
+        let levels = crate::quant::Kernel::get().activation_levels() as f32;
+        check(Scores::Q8, 0.02 * 255.0 / levels);
     }
 
     #[test]

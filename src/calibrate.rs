@@ -8,15 +8,19 @@
 //! first q8 load of a weights file runs [`TEXTS`] through the model in f32
 //! and in q8 and compares the vectors; below [`FIDELITY_BAR`] a warning
 //! says so (with the measured cosine) instead of letting a degraded index
-//! be built in silence. The result is cached per weights file and q8
-//! kernel in `<cache>/calibration/`: later loads cost nothing.
+//! be built in silence.
+//!
+//! The same f32 pass finds the channels each layer's q8 keeps in f32
+//! (`crate::quant::outlier_channels`, from the largest magnitude every
+//! input channel reaches on [`TEXTS`]). Both are cached per weights file
+//! and q8 kernel in `<cache>/calibration/`: later loads cost nothing.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 
-use crate::encoder::{Dtype, Encoder};
+use crate::encoder::{Dtype, Encoder, Outliers, ProjInputs};
 use crate::model::{EncoderConfig, Pooling, Weights};
 use crate::tokenize::TextTokenizer;
 
@@ -52,24 +56,26 @@ pub const TEXTS: &[&str] = &[
 pub const FIDELITY_BAR: f32 = 0.995;
 
 /// Bumped when `TEXTS` or the measure change: older results are measured again.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// q8 against f32 on [`TEXTS`].
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Fidelity {
     /// The lowest cosine of a text's q8 vector to its f32 vector.
     pub min_cosine: f32,
     pub mean_cosine: f32,
 }
 
-impl Fidelity {
+/// What the check keeps of a weights file.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Calibration {
+    fidelity: Fidelity,
+    outliers: Vec<ProjInputs<Vec<usize>>>,
+}
+
+impl Calibration {
     fn read(path: &Path) -> Option<Self> {
-        let text = std::fs::read_to_string(path).ok()?;
-        let (min, mean) = text.trim().split_once(' ')?;
-        Some(Self {
-            min_cosine: min.parse().ok()?,
-            mean_cosine: mean.parse().ok()?,
-        })
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
     }
 
     fn write(&self, path: &Path) -> Result<()> {
@@ -78,14 +84,13 @@ impl Fidelity {
             .context("a calibration file has a directory")?;
         std::fs::create_dir_all(dir)?;
         let tmp = tempfile::NamedTempFile::new_in(dir)?;
-        std::fs::write(
-            tmp.path(),
-            format!("{} {}\n", self.min_cosine, self.mean_cosine),
-        )?;
+        std::fs::write(tmp.path(), serde_json::to_vec(self)?)?;
         tmp.persist(path)?;
         Ok(())
     }
+}
 
+impl Fidelity {
     /// Whether q8 passes the bar on this model.
     pub fn holds(&self) -> bool {
         self.min_cosine >= FIDELITY_BAR
@@ -96,7 +101,8 @@ impl Fidelity {
             tracing::warn!(
                 "--dtype q8: on recall's check texts this model's int8 vectors reach only {:.4} \
                  cosine to f32 (mean {:.4}; the bar is {FIDELITY_BAR}): an index built with them may \
-                 miss what f32 finds. Use --dtype f32 for this model.",
+                 miss what f32 finds. Use --dtype bf16 (within 0.9995 cosine of f32, half its memory) \
+                 or f32 for this model.",
                 self.min_cosine,
                 self.mean_cosine
             );
@@ -109,6 +115,7 @@ impl Fidelity {
 /// the two never take memory at once).
 pub struct Check {
     path: PathBuf,
+    outliers: Vec<ProjInputs<Vec<usize>>>,
     state: State,
 }
 
@@ -136,11 +143,12 @@ impl Check {
         let tag = crate::quant::Kernel::get().revision_tag();
         let path = cache_dir
             .join("calibration")
-            .join(format!("{key}-{tag}-v{VERSION}.txt"));
-        if let Some(known) = Fidelity::read(&path) {
+            .join(format!("{key}-{tag}-v{VERSION}.json"));
+        if let Some(known) = Calibration::read(&path) {
             return Ok(Self {
                 path,
-                state: State::Known(known),
+                outliers: known.outliers,
+                state: State::Known(known.fidelity),
             });
         }
         let inputs: Vec<Vec<u32>> = TEXTS
@@ -152,18 +160,31 @@ impl Check {
             &mut Weights::open(weights)?,
             &Device::Cpu,
             Dtype::F32,
+            &[],
             // Once per weights file: not worth a GB of disk.
             None,
         )?;
-        let reference = pooled(&f32, &inputs, pooling)?;
+        let ids: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+        let (hidden, peaks) = f32.forward_peaks(&ids)?;
+        let reference = pooled(&hidden, &inputs, pooling)?;
+        let outliers = (peaks.iter())
+            .map(|layer| layer.map(|peaks| crate::quant::outlier_channels(peaks)))
+            .collect();
         Ok(Self {
             path,
+            outliers,
             state: State::Measure {
                 inputs,
                 reference,
                 pooling,
             },
         })
+    }
+
+    /// The channels each layer's q8 keeps in f32: what to load the q8
+    /// encoder with.
+    pub fn outliers(&self) -> &Outliers {
+        &self.outliers
     }
 
     /// Measures `q8` (unless known), keeps the result, and warns when it
@@ -176,7 +197,8 @@ impl Check {
                 reference,
                 pooling,
             } => {
-                let got = pooled(q8, &inputs, pooling)?;
+                let ids: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+                let got = pooled(&q8.forward(&ids)?, &inputs, pooling)?;
                 let cosines: Vec<f32> = reference
                     .iter()
                     .zip(&got)
@@ -191,7 +213,11 @@ impl Check {
                     fidelity.min_cosine,
                     fidelity.mean_cosine
                 );
-                if let Err(e) = fidelity.write(&self.path) {
+                let calibration = Calibration {
+                    fidelity,
+                    outliers: self.outliers,
+                };
+                if let Err(e) = calibration.write(&self.path) {
                     tracing::warn!(
                         "cannot keep q8's check in {} ({e:#}): it runs again at the next start",
                         self.path.display()
@@ -205,12 +231,10 @@ impl Check {
     }
 }
 
-/// The L2-normalised vectors of `inputs`.
-fn pooled(encoder: &Encoder, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>> {
-    let ids: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
-    let lens: Vec<usize> = ids.iter().map(|i| i.len()).collect();
-    let hidden: Tensor = encoder.forward(&ids)?;
-    Ok(crate::heads::pool(&hidden, &lens, pooling, true)?.to_vec2::<f32>()?)
+/// The L2-normalised vectors of `inputs`, from their `hidden` states.
+fn pooled(hidden: &Tensor, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>> {
+    let lens: Vec<usize> = inputs.iter().map(Vec::len).collect();
+    Ok(crate::heads::pool(hidden, &lens, pooling, true)?.to_vec2::<f32>()?)
 }
 
 #[cfg(test)]
@@ -220,20 +244,28 @@ mod tests {
     #[test]
     fn a_result_round_trips_and_a_damaged_one_is_measured_again() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("calibration/k.txt");
+        let path = dir.path().join("calibration/k.json");
         let fidelity = Fidelity {
             min_cosine: 0.99071,
             mean_cosine: 0.99862,
         };
-        fidelity.write(&path).unwrap();
-        assert_eq!(Fidelity::read(&path), Some(fidelity));
+        let calibration = Calibration {
+            fidelity,
+            outliers: vec![ProjInputs {
+                qkv: vec![3, 99],
+                output: vec![1004],
+                ..Default::default()
+            }],
+        };
+        calibration.write(&path).unwrap();
+        assert_eq!(Calibration::read(&path), Some(calibration));
         assert!(!fidelity.holds());
         let fine = Fidelity {
             min_cosine: FIDELITY_BAR,
             ..fidelity
         };
         assert!(fine.holds());
-        std::fs::write(&path, "0.99 \n").unwrap();
-        assert_eq!(Fidelity::read(&path), None);
+        std::fs::write(&path, "{\"fidelity\": {\"min_cosine\": 0.99}}").unwrap();
+        assert_eq!(Calibration::read(&path), None);
     }
 }

@@ -186,6 +186,7 @@ impl Embedder {
             &mut weights,
             &options.device,
             options.dtype,
+            check.as_ref().map_or(&[], |c| c.outliers()),
             pack_dir,
         )
         .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;

@@ -73,6 +73,33 @@ struct Proj {
     bias: Tensor,
 }
 
+/// Something of each of a layer's four projections' inputs: the hidden
+/// states (query, key and value), the attention's context (its output
+/// projection), the attention block's output (the feed-forward's first
+/// projection) and the activations (its second).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProjInputs<T> {
+    pub qkv: T,
+    pub attn_out: T,
+    pub intermediate: T,
+    pub output: T,
+}
+
+impl<T> ProjInputs<T> {
+    pub fn map<U>(&self, f: impl Fn(&T) -> U) -> ProjInputs<U> {
+        ProjInputs {
+            qkv: f(&self.qkv),
+            attn_out: f(&self.attn_out),
+            intermediate: f(&self.intermediate),
+            output: f(&self.output),
+        }
+    }
+}
+
+/// The channels of each layer's projection inputs that q8 keeps in f32
+/// (`quant::outlier_channels`), from `Encoder::forward_peaks`.
+pub type Outliers = [ProjInputs<Vec<usize>>];
+
 enum ProjWeight {
     F32(Tensor),
     /// f32, packed for recall's kernel (CPUs with AVX2 and FMA).
@@ -99,20 +126,27 @@ impl ProjWeight {
         Ok(Self::F32(w))
     }
 
-    /// Packs (or quantises) `w: [n, k]` for `dtype`'s kernel.
-    fn pack(dtype: Dtype, w: &[f32], n: usize, k: usize) -> Self {
+    /// Packs (or quantises) `w: [n, k]` for `dtype`'s kernel; q8 keeps the
+    /// input positions `outliers` in f32 (`quant::outlier_channels`).
+    fn pack(dtype: Dtype, w: &[f32], n: usize, k: usize, outliers: &[usize]) -> Self {
         match dtype {
             Dtype::F32 => Self::Packed(PackedLinear::pack(w, n, k)),
-            Dtype::Q8 => Self::Q8(QLinear::quantize(w, n, k)),
+            Dtype::Q8 => Self::Q8(QLinear::quantize_split(w, n, k, outliers)),
             Dtype::Bf16 => Self::Bf16(Bf16Linear::pack(w, n, k)),
         }
     }
 
     /// `[n, k]` packed for `dtype`'s kernel, read from a pack file.
-    fn restore(dtype: Dtype, reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+    fn restore(
+        dtype: Dtype,
+        reader: &mut Reader,
+        n: usize,
+        k: usize,
+        outliers: &[usize],
+    ) -> Result<Self> {
         Ok(match dtype {
             Dtype::F32 => Self::Packed(PackedLinear::restore(reader, n, k)?),
-            Dtype::Q8 => Self::Q8(QLinear::restore(reader, n, k)?),
+            Dtype::Q8 => Self::Q8(QLinear::restore(reader, n, k, outliers)?),
             Dtype::Bf16 => Self::Bf16(Bf16Linear::restore(reader, n, k)?),
         })
     }
@@ -129,13 +163,20 @@ impl ProjWeight {
 }
 
 /// The kernel `dtype`'s packed layers are laid out for on this CPU, as a
-/// pack file names it.
-fn packed_kernel(dtype: Dtype) -> String {
-    match dtype {
+/// pack file names it; q8's with its weights' revision and outlier
+/// channels (a digest of them: they decide what is packed).
+fn packed_kernel(dtype: Dtype, outliers: &Outliers) -> Result<String> {
+    Ok(match dtype {
         Dtype::F32 => format!("{:?}", crate::matmul::PackedKernel::get()),
         Dtype::Bf16 => format!("{:?}", crate::bf16::Bf16Kernel::get()),
-        Dtype::Q8 => format!("{:?}", crate::quant::Kernel::get()),
-    }
+        Dtype::Q8 => {
+            use sha2::{Digest, Sha256};
+            let kernel = crate::quant::Kernel::get();
+            let digest = Sha256::digest(serde_json::to_vec(outliers)?);
+            let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+            format!("{kernel:?} {} outliers {short}", kernel.revision_tag())
+        }
+    })
 }
 
 impl Proj {
@@ -144,21 +185,23 @@ impl Proj {
     /// f32: a copy first was a fresh 2 GB at load whose pages the kernel
     /// zeroes.
     /// With `packs`, the packed weight is the pack file's next part.
+    /// q8 keeps the input positions `outliers` in f32.
     fn load(
         w: &Weights,
         name: &str,
         (out, inp): (usize, usize),
         dev: &Device,
         dtype: Dtype,
+        outliers: &[usize],
         packs: Option<&mut Reader>,
     ) -> Result<Self> {
         let bias = w.get(&format!("{name}.bias"), &[out], dev)?;
         let weight_name = format!("{name}.weight");
         let weight = if let Some(reader) = packs {
-            ProjWeight::restore(dtype, reader, out, inp)?
+            ProjWeight::restore(dtype, reader, out, inp, outliers)?
         } else if ProjWeight::packs(dtype, dev) {
             w.with_f32(&weight_name, &[out, inp], |data| {
-                ProjWeight::pack(dtype, data, out, inp)
+                ProjWeight::pack(dtype, data, out, inp, outliers)
             })?
         } else {
             ProjWeight::tensor(w.get(&weight_name, &[out, inp], dev)?, dtype)?
@@ -166,8 +209,8 @@ impl Proj {
         Ok(Self { weight, bias })
     }
 
-    /// A layer already in tensors (`qkv`'s stack).
-    fn new(l: Linear, dtype: Dtype) -> Result<Self> {
+    /// A layer already in tensors (`qkv`'s stack), `outliers` as `load`'s.
+    fn new(l: Linear, dtype: Dtype, outliers: &[usize]) -> Result<Self> {
         let bias = l.bias().context("a linear layer without bias")?.clone();
         let w = l.weight();
         let weight = if ProjWeight::packs(dtype, w.device()) {
@@ -177,7 +220,7 @@ impl Proj {
             let candle_core::Storage::Cpu(cpu) = &*storage else {
                 anyhow::bail!("packing a weight that is not in CPU memory");
             };
-            ProjWeight::pack(dtype, crate::fused::data(cpu, layout, "W")?, n, k)
+            ProjWeight::pack(dtype, crate::fused::data(cpu, layout, "W")?, n, k, outliers)
         } else {
             ProjWeight::tensor(w.clone(), dtype)?
         };
@@ -338,6 +381,7 @@ fn qkv(
     (h, heads): (usize, usize),
     dev: &Device,
     dtype: Dtype,
+    outliers: &[usize],
     packs: Option<&mut Reader>,
 ) -> Result<Proj> {
     let scale = 1.0 / ((h / heads) as f64).sqrt();
@@ -352,7 +396,7 @@ fn qkv(
         0,
     )?;
     if let Some(reader) = packs {
-        let weight = ProjWeight::restore(dtype, reader, 3 * h, h)?;
+        let weight = ProjWeight::restore(dtype, reader, 3 * h, h, outliers)?;
         return Ok(Proj { weight, bias });
     }
     let weight = Tensor::cat(
@@ -363,7 +407,7 @@ fn qkv(
         ],
         0,
     )?;
-    Proj::new(Linear::new(weight, Some(bias)), dtype)
+    Proj::new(Linear::new(weight, Some(bias)), dtype, outliers)
 }
 
 fn layer_norm(w: &Weights, name: &str, size: usize, eps: f64, dev: &Device) -> Result<LayerNorm> {
@@ -380,12 +424,14 @@ impl Encoder {
 
     /// Loads the encoder from `weights`. With `pack_dir`, packed layers are
     /// read from their pack file there (`crate::packcache`), which the
-    /// first load writes.
+    /// first load writes. q8 keeps each layer's `outliers` in f32 (a layer
+    /// past the list keeps none).
     pub fn load(
         config: &EncoderConfig,
         weights: &mut Weights,
         device: &Device,
         dtype: Dtype,
+        outliers: &Outliers,
         pack_dir: Option<&Path>,
     ) -> Result<Self> {
         if dtype != Dtype::F32 && !device.is_cpu() {
@@ -404,17 +450,17 @@ impl Encoder {
                 weights.path(),
                 header,
                 dtype.as_str(),
-                &packed_kernel(dtype),
+                &packed_kernel(dtype, outliers)?,
             )?),
             _ => None,
         };
         let Some(pack_file) = pack_file else {
-            return Self::build(config, weights, device, dtype, None);
+            return Self::build(config, weights, device, dtype, outliers, None);
         };
         let shown = pack_file.path().display();
         match pack_file.open() {
             Ok(Some(mut reader)) => {
-                match Self::build(config, weights, device, dtype, Some(&mut reader))
+                match Self::build(config, weights, device, dtype, outliers, Some(&mut reader))
                     .and_then(|e| reader.finish().map(|()| e))
                 {
                     Ok(encoder) => {
@@ -429,7 +475,7 @@ impl Encoder {
             Ok(None) => tracing::debug!("no packed weights at {shown} yet: packing"),
             Err(e) => tracing::debug!("{shown}: {e:#}: packing again"),
         }
-        let encoder = Self::build(config, weights, device, dtype, None)?;
+        let encoder = Self::build(config, weights, device, dtype, outliers, None)?;
         let mut writer = Writer::default();
         encoder.push_packs(&mut writer);
         if let Err(e) = pack_file.write(&writer) {
@@ -445,7 +491,7 @@ impl Encoder {
         drop(encoder);
         let mapped = pack_file.open().and_then(|reader| {
             let mut reader = reader.context("it is gone")?;
-            let mapped = Self::build(config, weights, device, dtype, Some(&mut reader))?;
+            let mapped = Self::build(config, weights, device, dtype, outliers, Some(&mut reader))?;
             reader.finish().map(|()| mapped)
         });
         match mapped {
@@ -455,7 +501,7 @@ impl Encoder {
             }
             Err(e) => {
                 tracing::warn!("cannot read back {shown} ({e:#}): packing in memory");
-                Self::build(config, weights, device, dtype, None)
+                Self::build(config, weights, device, dtype, outliers, None)
             }
         }
     }
@@ -465,6 +511,7 @@ impl Encoder {
         weights: &Weights,
         device: &Device,
         dtype: Dtype,
+        outliers: &Outliers,
         mut packs: Option<&mut Reader>,
     ) -> Result<Self> {
         let c = config;
@@ -484,20 +531,34 @@ impl Encoder {
             .get(0)?;
         let embed_norm = layer_norm(weights, "embeddings.LayerNorm", h, c.layer_norm_eps, dev)?;
         let mut layers = Vec::with_capacity(c.num_layers);
+        let none = ProjInputs::default();
         for i in 0..c.num_layers {
             let p = format!("encoder.layer.{i}");
+            let outliers = match dtype {
+                Dtype::Q8 => outliers.get(i).unwrap_or(&none),
+                Dtype::F32 | Dtype::Bf16 => &none,
+            };
             let qkv = {
                 let name = format!("{p}.attention.self");
                 let packs = packs.as_deref_mut();
-                qkv(weights, &name, (h, c.num_heads), dev, dtype, packs)?
+                let heads = (h, c.num_heads);
+                qkv(weights, &name, heads, dev, dtype, &outliers.qkv, packs)?
             };
-            let mut proj = |name: &str, shape| {
+            let mut proj = |name: &str, shape, outliers| {
                 let packs = packs.as_deref_mut();
-                Proj::load(weights, &format!("{p}.{name}"), shape, dev, dtype, packs)
+                Proj::load(
+                    weights,
+                    &format!("{p}.{name}"),
+                    shape,
+                    dev,
+                    dtype,
+                    outliers,
+                    packs,
+                )
             };
             layers.push(Layer {
                 qkv,
-                attn_out: proj("attention.output.dense", (h, h))?,
+                attn_out: proj("attention.output.dense", (h, h), &outliers.attn_out)?,
                 attn_norm: layer_norm(
                     weights,
                     &format!("{p}.attention.output.LayerNorm"),
@@ -505,8 +566,12 @@ impl Encoder {
                     c.layer_norm_eps,
                     dev,
                 )?,
-                intermediate: proj("intermediate.dense", (c.intermediate_size, h))?,
-                output: proj("output.dense", (h, c.intermediate_size))?,
+                intermediate: proj(
+                    "intermediate.dense",
+                    (c.intermediate_size, h),
+                    &outliers.intermediate,
+                )?,
+                output: proj("output.dense", (h, c.intermediate_size), &outliers.output)?,
                 out_norm: layer_norm(
                     weights,
                     &format!("{p}.output.LayerNorm"),
@@ -559,6 +624,24 @@ impl Encoder {
     /// `forward`, calling `between_layers` before each layer: a serving loop
     /// uses it to let more urgent work run first.
     pub fn forward_with(&self, inputs: &[&[u32]], between_layers: &dyn Fn()) -> Result<Tensor> {
+        self.run(inputs, between_layers, None)
+    }
+
+    /// `forward`, and for each layer the largest magnitude each channel of
+    /// its projections' inputs reached: where q8 finds the channels it
+    /// keeps in f32 (`quant::outlier_channels`).
+    pub fn forward_peaks(&self, inputs: &[&[u32]]) -> Result<(Tensor, Vec<ProjInputs<Vec<f32>>>)> {
+        let mut peaks = vec![ProjInputs::default(); self.layers.len()];
+        let hidden = self.run(inputs, &|| {}, Some(&mut peaks))?;
+        Ok((hidden, peaks))
+    }
+
+    fn run(
+        &self,
+        inputs: &[&[u32]],
+        between_layers: &dyn Fn(),
+        mut peaks: Option<&mut [ProjInputs<Vec<f32>>]>,
+    ) -> Result<Tensor> {
         let c = &self.config;
         let lens: Vec<usize> = inputs.iter().map(|ids| ids.len()).collect();
         let total: usize = lens.iter().sum();
@@ -587,7 +670,8 @@ impl Encoder {
         let mut hidden = self.embed_norm.forward(&embedded)?;
         for (i, layer) in self.layers.iter().enumerate() {
             between_layers();
-            let forward = || self.layer_forward(layer, &hidden, &lens);
+            let peaks = peaks.as_deref_mut().map(|p| &mut p[i]);
+            let forward = || self.layer_forward(layer, &hidden, &lens, peaks);
             // On a rayon worker, each parallel op inside the layer puts its
             // tasks on the pool's own queues; from any other thread, every
             // op hands its work over and sleeps until it is done: two
@@ -604,8 +688,28 @@ impl Encoder {
         Ok(hidden)
     }
 
-    fn layer_forward(&self, layer: &Layer, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
+    fn layer_forward(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        lens: &[usize],
+        mut peaks: Option<&mut ProjInputs<Vec<f32>>>,
+    ) -> Result<Tensor> {
+        let mut observe = |site: fn(&mut ProjInputs<Vec<f32>>) -> &mut Vec<f32>, x: &Tensor| {
+            let Some(peaks) = peaks.as_deref_mut() else {
+                return Ok(());
+            };
+            let seen = x.abs()?.max(0)?.to_vec1::<f32>()?;
+            let peak = site(peaks);
+            if peak.is_empty() {
+                *peak = seen;
+            } else {
+                peak.iter_mut().zip(seen).for_each(|(p, s)| *p = p.max(s));
+            }
+            anyhow::Ok(())
+        };
         let h = self.config.hidden_size;
+        observe(|p| &mut p.qkv, x)?;
         let qkv = project(x, &layer.qkv, None)?;
         let kernel = match layer.qkv.weight {
             ProjWeight::F32(_) => None,
@@ -629,10 +733,13 @@ impl Encoder {
             );
             self.attention(&q, &k, &v, lens)?
         };
+        observe(|p| &mut p.attn_out, &context)?;
         let attended = layer
             .attn_norm
             .forward(&project_add(&context, &layer.attn_out, x)?)?;
+        observe(|p| &mut p.intermediate, &attended)?;
         let inner = project(&attended, &layer.intermediate, Some(self.config.activation))?;
+        observe(|p| &mut p.output, &inner)?;
         let out = project_add(&inner, &layer.output, &attended)?;
         Ok(layer.out_norm.forward(&out)?)
     }

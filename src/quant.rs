@@ -1,11 +1,14 @@
 //! int8 linear layers, for `--dtype q8`.
 //!
 //! Weights are quantised once, at load: symmetric, one scale per output
-//! column (`w ≈ scale · q`, `q` in -127..=127, or -64..=64 for the AVX2
-//! tile: `Kernel::weight_limit`). Activations are quantised
+//! column (`w ≈ scale · q`, `q` in -127..=127). Activations are quantised
 //! per call: asymmetric, one scale and zero point per input row (`x ≈
-//! scale · (q - zero)`, `q` in 0..=255), which keeps the full 8 bits for
-//! GELU's lopsided outputs. The products are summed exactly in i32 and
+//! scale · (q - zero)`, `q` in 0..=255, or 0..=127 for the AVX2 tile:
+//! `Kernel::activation_levels`), which keeps the full range for GELU's
+//! lopsided outputs. A few input channels far larger than the rest
+//! ("outlier dimensions", found on calibration texts:
+//! `outlier_channels`) stay out of the int8 product and are summed in f32
+//! beside it. The products are summed exactly in i32 and
 //! turned back into f32 with both scales and the zero point's correction
 //! (`zero · Σ q_w`, precomputed per column).
 //!
@@ -19,9 +22,9 @@
 //! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
 //! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile and a
 //! portable loop compute the very same integers from the same weights
-//! (`Kernel`), only slower. The AVX2 tile needs weights within
-//! ±64, so CPUs that run it quantise to that and give slightly different
-//! vectors (another revision: `Kernel::revision_tag`).
+//! (`Kernel`), only slower. The AVX2 tile needs activations within
+//! 0..=128, so CPUs that run it quantise them to 127 levels and give
+//! slightly different vectors (another revision: `Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
 
 use anyhow::Result;
@@ -52,14 +55,92 @@ pub struct QLinear {
     scales: Slab<f32>,
     /// Per output column: the sum of its quantised weights.
     sums: Slab<i32>,
-    /// The largest weight magnitude it was quantised to.
-    limit: i32,
+    /// Input positions kept out of the int8 product (`outlier_channels`).
+    outliers: Outliers,
 }
+
+/// A layer's input positions whose products are summed in f32 beside the
+/// int8 ones, and their weights. A channel far larger than the rest would
+/// set every token's int8 scale and flatten the others into a few levels;
+/// left out, the rest keep their 8 bits, and its own products are exact.
+struct Outliers {
+    /// Input positions, ascending.
+    channels: Vec<usize>,
+    /// `[channels][n]`: each channel's weight for every output column.
+    weights: Slab<f32>,
+}
+
+/// The rows of `x` (`k` wide) with positions `channels` zeroed, for the
+/// int8 product (`x` itself without any).
+fn cleared<'x>(x: &'x [f32], k: usize, channels: &[usize]) -> std::borrow::Cow<'x, [f32]> {
+    if channels.is_empty() {
+        return x.into();
+    }
+    let mut x = x.to_vec();
+    for row in x.chunks_mut(k) {
+        channels.iter().for_each(|&c| row[c] = 0.0);
+    }
+    x.into()
+}
+
+impl Outliers {
+    /// Adds the channels' products to `out: [m, n]`.
+    fn add(&self, x: &[f32], k: usize, out: &mut [f32], n: usize) {
+        if self.channels.is_empty() {
+            return;
+        }
+        out.par_chunks_mut(n)
+            .zip(x.par_chunks(k))
+            .for_each(|(out, x)| {
+                for (&c, w) in self.channels.iter().zip(self.weights.chunks(n)) {
+                    let v = x[c];
+                    out.iter_mut().zip(w).for_each(|(o, &w)| *o += v * w);
+                }
+            });
+    }
+}
+
+/// The input channels a layer keeps out of its int8 product, from the
+/// largest magnitude each reached on calibration texts (`peaks`): those
+/// over OUTLIER_RATIO times the median channel's, the largest `k / 32` at
+/// most. Real checkpoints have such "outlier dimensions": all-MiniLM-L6-v2
+/// in a few channels of most layers' inputs, and the RoBERTa family (XLM-R
+/// and so BGE-M3 among them) is known for them.
+pub fn outlier_channels(peaks: &[f32]) -> Vec<usize> {
+    let mut sorted = peaks.to_vec();
+    sorted.sort_by(f32::total_cmp);
+    let Some(&median) = sorted.get(sorted.len() / 2) else {
+        return Vec::new();
+    };
+    let mut channels: Vec<usize> = (0..peaks.len())
+        .filter(|&c| peaks[c] > OUTLIER_RATIO * median)
+        .collect();
+    channels.sort_by(|&a, &b| peaks[b].total_cmp(&peaks[a]));
+    channels.truncate(peaks.len() / 32);
+    channels.sort_unstable();
+    channels
+}
+
+/// How many times the median channel's peak makes an outlier channel.
+/// Chosen on the check's own texts (`crate::calibrate::TEXTS`) with
+/// all-MiniLM-L6-v2, in a PyTorch model of this quantisation: the lowest
+/// cosine to f32 there was 0.9933, 0.9979, 0.9980, 0.9985 at 6×, 4×, 3×
+/// and 2× with 8-bit activations, 0.9817, 0.9952, 0.9958, 0.9956 with
+/// 7-bit ones; 3× is the best of the worse path. Scored on other texts
+/// only (tests/q8_outliers.rs).
+const OUTLIER_RATIO: f32 = 3.0;
 
 impl QLinear {
     /// Quantises and packs `w: [n, k]` (row-major f32).
     pub fn quantize(w: &[f32], n: usize, k: usize) -> Self {
+        Self::quantize_split(w, n, k, &[])
+    }
+
+    /// `quantize`, with the input positions `outliers` (ascending) kept in
+    /// f32 beside the int8 product.
+    pub fn quantize_split(w: &[f32], n: usize, k: usize, outliers: &[usize]) -> Self {
         assert_eq!(w.len(), n * k, "w is not [n, k]");
+        assert!(outliers.iter().all(|&c| c < k), "an outlier channel past k");
         let kp = k.next_multiple_of(GROUP);
         let np = n.next_multiple_of(PANEL);
         let mut rows = vec![0i8; np * kp];
@@ -73,7 +154,8 @@ impl QLinear {
             // task each.
             .with_min_len(16)
             .for_each(|((q, (scale, sum)), row)| {
-                (*scale, *sum) = quantize_symmetric(&mut q[..row.len()], row, kernel)
+                let row = cleared(row, k, outliers);
+                (*scale, *sum) = quantize_symmetric(&mut q[..row.len()], &row, kernel)
             });
         let mut packed = vec![0i8; np * kp];
         packed
@@ -94,13 +176,20 @@ impl QLinear {
             packed: packed.into(),
             scales: scales.into(),
             sums: sums.into(),
-            limit: kernel.weight_limit(),
+            outliers: Outliers {
+                channels: outliers.to_vec(),
+                weights: (outliers.iter())
+                    .flat_map(|&c| (0..n).map(move |j| w[j * k + c]))
+                    .collect::<Vec<f32>>()
+                    .into(),
+            },
         }
     }
 
-    /// The layer `[n, k]` quantised for this CPU's kernel, read from a pack
-    /// file (written from `Packed::parts`).
-    pub fn restore(reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+    /// The layer `[n, k]` quantised for this CPU's kernel with `outliers`
+    /// apart (as `quantize_split`), read from a pack file (written from
+    /// `Packed::parts`).
+    pub fn restore(reader: &mut Reader, n: usize, k: usize, outliers: &[usize]) -> Result<Self> {
         let kp = k.next_multiple_of(GROUP);
         let np = n.next_multiple_of(PANEL);
         Ok(Self {
@@ -110,7 +199,10 @@ impl QLinear {
             packed: reader.take(np * kp)?,
             scales: reader.take(np)?,
             sums: reader.take(np)?,
-            limit: Kernel::get().weight_limit(),
+            outliers: Outliers {
+                channels: outliers.to_vec(),
+                weights: reader.take(outliers.len() * n)?,
+            },
         })
     }
 
@@ -132,12 +224,13 @@ impl QLinear {
             return vec![0f32; m * n];
         }
         let kernel = Kernel::get();
-        // The AVX2 tile's i16 sums are exact only on its own weights.
-        assert!(
-            self.limit <= kernel.weight_limit(),
-            "weights too wide for {kernel:?}"
+        let rows = QuantRows::new(
+            &cleared(x, self.k, &self.outliers.channels),
+            m,
+            self.k,
+            self.kp,
+            kernel,
         );
-        let rows = QuantRows::new(x, m, self.k, self.kp, kernel);
         let mut out = Vec::<f32>::with_capacity(m * np);
         let dst = Dst(out.as_mut_ptr());
         (0..np / PANEL).into_par_iter().for_each(|p| {
@@ -178,21 +271,30 @@ impl QLinear {
         });
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
-        crate::matmul::without_padding(out, np, n)
+        let mut out = crate::matmul::without_padding(out, np, n);
+        self.outliers.add(x, self.k, &mut out, n);
+        out
     }
 }
 
 impl Packed for QLinear {
     fn parts(&self) -> Vec<&[u8]> {
-        vec![self.packed.bytes(), self.scales.bytes(), self.sums.bytes()]
+        vec![
+            self.packed.bytes(),
+            self.scales.bytes(),
+            self.sums.bytes(),
+            self.outliers.weights.bytes(),
+        ]
     }
 }
 
+/// The largest quantised weight magnitude.
+const WEIGHT_LIMIT: i32 = 127;
+
 /// `q = round(v / scale)` for a row of weights (or keys), the scale its
-/// largest magnitude over `kernel.weight_limit()`: returns the scale and
-/// `Σ q`.
+/// largest magnitude over WEIGHT_LIMIT: returns the scale and `Σ q`.
 fn quantize_symmetric(q: &mut [i8], row: &[f32], kernel: Kernel) -> (f32, i32) {
-    symmetric_with(q, row, kernel.weight_limit(), RowLoops::of(kernel))
+    symmetric_with(q, row, WEIGHT_LIMIT, RowLoops::of(kernel))
 }
 
 fn symmetric_with(q: &mut [i8], row: &[f32], limit: i32, loops: RowLoops) -> (f32, i32) {
@@ -262,7 +364,7 @@ pub enum Kernel {
     /// AVX-VNNI `vpdpbusd` on 256 bits: 32 products per instruction.
     AvxVnni,
     /// AVX2 `vpmaddubsw` + `vpmaddwd`: 32 products per pair of
-    /// instructions, on 7-bit weights (their pairs of products would
+    /// instructions, on 7-bit activations (their pairs of products would
     /// overflow i16 otherwise, as ONNX Runtime's do on AVX2 CPUs).
     Avx2,
     /// Plain Rust, for other CPUs: far slower than f32.
@@ -270,23 +372,27 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// What q8 adds to a model's revision (an index keeps to one): `q8`, or
-    /// `q8w7` for 7-bit weights.
+    /// What q8 adds to a model's revision (an index keeps to one): `q8v2`,
+    /// or `q8a7` for the AVX2 tile's 7-bit activations. An index of the
+    /// int8 vectors before outlier channels (`q8`, or `q8w7` from 7-bit
+    /// weights) asks for a rebuild.
     pub fn revision_tag(self) -> &'static str {
-        match self.weight_limit() {
-            127 => "q8",
-            _ => "q8w7",
+        match self.activation_levels() {
+            255 => "q8v2",
+            _ => "q8a7",
         }
     }
 
-    /// The largest quantised weight magnitude. 8 bits where the kernel sums
-    /// exactly in i32; 7 bits for `Avx2`'s i16 pair sums (255 · 64 · 2 fits
-    /// i16, 255 · 127 · 2 does not). It costs fidelity: on the tiny BGE-M3,
-    /// 1 - cosine to f32 goes from 2.2e-4 to 4.9e-4.
-    pub fn weight_limit(self) -> i32 {
+    /// The steps an activation row is quantised to: 255 (8 bits) where the
+    /// kernel sums exactly in i32; 127 for `Avx2`'s i16 pair sums (a byte
+    /// then reaches 128 at most, rounding up: 128 · 127 · 2 fits i16,
+    /// 255 · 127 · 2 does not). 7-bit activations lost less than the 7-bit
+    /// weights used before (all-MiniLM-L6-v2, outlier channels apart,
+    /// lowest cosine to f32 on the check's texts 0.9958 against 0.9955).
+    pub fn activation_levels(self) -> i32 {
         match self {
-            Kernel::Avx2 => 64,
-            Kernel::Vnni | Kernel::AvxVnni | Kernel::Portable => 127,
+            Kernel::Avx2 => 127,
+            Kernel::Vnni | Kernel::AvxVnni | Kernel::Portable => 255,
         }
     }
 
@@ -329,11 +435,21 @@ struct QuantRows {
 
 impl QuantRows {
     fn new(x: &[f32], m: usize, k: usize, kp: usize, kernel: Kernel) -> Self {
+        Self::with(
+            x,
+            m,
+            k,
+            kp,
+            RowLoops::of(kernel),
+            kernel.activation_levels(),
+        )
+    }
+
+    fn with(x: &[f32], m: usize, k: usize, kp: usize, loops: RowLoops, levels: i32) -> Self {
         let mp = m.next_multiple_of(TILE_ROWS);
         let mut data = vec![0u8; mp * kp];
         let mut scales = vec![0f32; mp];
         let mut zeros = vec![0i32; mp];
-        let loops = RowLoops::of(kernel);
         data.par_chunks_mut(kp)
             .zip(scales.par_iter_mut().zip(zeros.par_iter_mut()))
             .zip(x.par_chunks(k))
@@ -341,7 +457,7 @@ impl QuantRows {
                 // The range always holds 0, so 0 is exact (padding, ReLU).
                 // SAFETY: `RowLoops::of` picks loops this CPU runs.
                 let (lo, hi) = unsafe { (loops.range)(row) };
-                let (s, z, inv, shift) = Self::params(lo, hi);
+                let (s, z, inv, shift) = Self::params(lo, hi, levels);
                 (*scale, *zero) = (s, z);
                 unsafe { (loops.quantize)(q, row, inv, shift) };
             });
@@ -353,11 +469,16 @@ impl QuantRows {
     }
 
     /// A row's scale, zero point, and what `quantize` multiplies and adds:
-    /// `q = clamp(v · inv + shift)` truncated, which rounds half up.
-    fn params(lo: f32, hi: f32) -> (f32, i32, f32, f32) {
-        let scale = if hi > lo { (hi - lo) / 255.0 } else { 1.0 };
+    /// `q = clamp(v · inv + shift)` truncated, which rounds half up (so `q`
+    /// reaches `levels + 1` at most).
+    fn params(lo: f32, hi: f32, levels: i32) -> (f32, i32, f32, f32) {
+        let scale = if hi > lo {
+            (hi - lo) / levels as f32
+        } else {
+            1.0
+        };
         let inv = 1.0 / scale;
-        let zero = ((-lo * inv + 0.5) as i32).clamp(0, 255);
+        let zero = ((-lo * inv + 0.5) as i32).clamp(0, levels);
         (scale, zero, inv, zero as f32 + 0.5)
     }
 }
@@ -577,8 +698,9 @@ macro_rules! tile_256 {
 tile_256!(
     /// One tile with AVX2, `vpdpbusd` done in three steps: `vpmaddubsw` (u8
     /// × i8, pairs summed into i16), `vpmaddwd` by ones (pairs of those into
-    /// i32) and an add. The i16 sums are exact because this kernel's weights
-    /// stay within ±64 (`Kernel::weight_limit`): 255 · 64 · 2 < 2¹⁵.
+    /// i32) and an add. The i16 sums are exact because this kernel's
+    /// activations stay within 0..=128 (`Kernel::activation_levels`):
+    /// 128 · 127 · 2 < 2¹⁵.
     ///
     /// # Safety
     /// The CPU has AVX2; `out` as for `tile_portable`.
@@ -696,7 +818,8 @@ pub(crate) mod tests {
     /// The kernel's integers, one output at a time, from unpacked data.
     fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let q = QLinear::quantize(w, n, k);
-        let rows = QuantRows::new(x, m, k, q.kp, Kernel::Portable);
+        let levels = Kernel::get().activation_levels();
+        let rows = QuantRows::with(x, m, k, q.kp, RowLoops::of(Kernel::Portable), levels);
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {
@@ -755,41 +878,49 @@ pub(crate) mod tests {
         // lanes), which a NaN-keeping min would lose.
         x[2 * k + 9] = -5.0;
         x[2 * k + 25] = f32::NAN;
-        let a = QuantRows::new(&x, m, k, kp, Kernel::Portable);
-        assert!(a.data[..k].iter().all(|&q| q == 255));
-        for (kernel, run) in [
-            (Kernel::Avx2, avx2),
-            (Kernel::AvxVnni, avx2),
-            (Kernel::Vnni, vnni),
-        ] {
-            if run {
-                let b = QuantRows::new(&x, m, k, kp, kernel);
-                assert_eq!(
-                    (&a.data, &a.scales, &a.zeros),
-                    (&b.data, &b.scales, &b.zeros),
-                    "{kernel:?}"
-                );
+        let portable = RowLoops::of(Kernel::Portable);
+        for levels in [255, 127] {
+            let a = QuantRows::with(&x, m, k, kp, portable, levels);
+            assert!(a.data[..k].iter().all(|&q| q as i32 == levels));
+            assert!(a.data.iter().all(|&q| q as i32 <= levels + 1));
+            for (kernel, run) in [
+                (Kernel::Avx2, avx2),
+                (Kernel::AvxVnni, avx2),
+                (Kernel::Vnni, vnni),
+            ] {
+                if run {
+                    let b = QuantRows::with(&x, m, k, kp, RowLoops::of(kernel), levels);
+                    assert_eq!(
+                        (&a.data, &a.scales, &a.zeros),
+                        (&b.data, &b.scales, &b.zeros),
+                        "{kernel:?}, {levels} levels"
+                    );
+                }
             }
         }
+        let a = QuantRows::with(&x, m, k, kp, portable, 255);
         let w_scales: Vec<f32> = (0..PANEL).map(|c| 0.001 * (c + 1) as f32).collect();
         let w_sums: Vec<i32> = (0..PANEL).map(|c| c as i32 * 37 - 900).collect();
         // The next panel, to prefetch: any bytes.
         let ahead = vec![0i8; PANEL * kp];
-        for limit in [127, 64] {
-            // Weights over the whole range, and the first 64 groups at its
-            // ends, so that pairs of products reach ±255 · limit · 2.
-            let mut panel: Vec<i8> = (0..PANEL * kp)
-                .map(|v| ((v * 17) as i32 % (2 * limit + 1) - limit) as i8)
-                .collect();
-            for (i, w) in panel[..64 * PANEL * GROUP].iter_mut().enumerate() {
-                *w = if (i / (PANEL * GROUP)).is_multiple_of(2) {
-                    limit
-                } else {
-                    -limit
-                } as i8;
-            }
+        let limit = WEIGHT_LIMIT;
+        // Weights over the whole range, and the first 64 groups at its
+        // ends, so that pairs of products reach ±top · limit · 2.
+        let mut panel: Vec<i8> = (0..PANEL * kp)
+            .map(|v| ((v * 17) as i32 % (2 * limit + 1) - limit) as i8)
+            .collect();
+        for (i, w) in panel[..64 * PANEL * GROUP].iter_mut().enumerate() {
+            *w = if (i / (PANEL * GROUP)).is_multiple_of(2) {
+                limit
+            } else {
+                -limit
+            } as i8;
+        }
+        // Every input byte, or those the AVX2 tile takes (0..=128).
+        for top in [255u8, 128] {
+            let data: Vec<u8> = a.data.iter().map(|&q| q.min(top)).collect();
             let tile = Tile {
-                x: &a.data[..TILE_ROWS * kp],
+                x: &data[..TILE_ROWS * kp],
                 kp,
                 panel: &panel,
                 x_scales: &a.scales[..TILE_ROWS],
@@ -826,12 +957,12 @@ pub(crate) mod tests {
                     eprintln!("quant: this CPU lacks {name}; that tile is not compared");
                     continue;
                 }
-                if kernel.weight_limit() < limit {
+                if kernel.activation_levels() + 1 < top as i32 {
                     continue;
                 }
                 let mut v = vec![-1f32; TILE_ROWS * PANEL];
                 unsafe { tile_of(&tile, v.as_mut_ptr(), PANEL) };
-                assert_eq!(p, v, "{name}, weights within ±{limit}");
+                assert_eq!(p, v, "{name}, input bytes up to {top}");
             }
         }
     }
@@ -855,6 +986,68 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// Relative error of `got` against the exact `x · Wᵀ`, over all
+    /// outputs: |got - exact| / Σ |products|, the largest.
+    fn worst_error(x: &[f32], w: &[f32], got: &[f32], m: usize, k: usize, n: usize) -> f32 {
+        let mut worst = 0f32;
+        for i in 0..m {
+            for j in 0..n {
+                let (exact, norm) = (0..k)
+                    .map(|p| (x[i * k + p] * w[j * k + p]) as f64)
+                    .fold((0f64, 0f64), |(s, a), v| (s + v, a + v.abs()));
+                worst = worst.max(((got[i * n + j] as f64 - exact).abs() / norm) as f32);
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn outlier_channels_are_the_few_far_above_the_median() {
+        let k = 384;
+        let peaks: Vec<f32> = (0..k).map(|c| 2.0 + (c % 7) as f32 * 0.3).collect();
+        assert_eq!(outlier_channels(&peaks), Vec::<usize>::new());
+        let mut some = peaks.clone();
+        some[17] = 20.0;
+        some[3] = 300.0;
+        // At 3× the median (2.9 here) and below, a channel stays.
+        some[200] = 8.6;
+        assert_eq!(outlier_channels(&some), vec![3, 17]);
+        // Never more than k / 32, the largest kept.
+        let mut many = peaks.clone();
+        for (c, p) in many.iter_mut().enumerate().take(40) {
+            *p = 100.0 + c as f32;
+        }
+        assert_eq!(outlier_channels(&many), (28..40).collect::<Vec<_>>());
+        assert_eq!(outlier_channels(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn outlier_channels_keep_the_rest_of_a_row_in_eight_bits() {
+        let (m, k, n) = (7, 256, 70);
+        let mut x = values(m * k, 7919, 1.0);
+        let outliers = [5, 130];
+        for row in x.chunks_mut(k) {
+            row[5] *= 100.0;
+            row[130] *= -60.0;
+        }
+        let w = values(n * k, 104729, 0.1);
+        let plain = QLinear::quantize(&w, n, k).matmul_t(&x, m);
+        let split = QLinear::quantize_split(&w, n, k, &outliers).matmul_t(&x, m);
+        let (plain, split) = (
+            worst_error(&x, &w, &plain, m, k, n),
+            worst_error(&x, &w, &split, m, k, n),
+        );
+        assert!(split < 0.01, "split: {split}");
+        assert!(split * 10.0 < plain, "split {split} against {plain}");
+        // Only the channels: their products are f32's.
+        let mut only = vec![0f32; m * k];
+        for (o, x) in only.chunks_mut(k).zip(x.chunks(k)) {
+            outliers.iter().for_each(|&c| o[c] = x[c]);
+        }
+        let got = QLinear::quantize_split(&w, n, k, &outliers).matmul_t(&only, m);
+        assert!(worst_error(&only, &w, &got, m, k, n) < 1e-6);
     }
 
     #[test]
@@ -886,12 +1079,8 @@ pub(crate) mod tests {
                 }
                 for &kernel in &kernels {
                     let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
-                    let portable = symmetric_with(
-                        &mut a,
-                        &row,
-                        kernel.weight_limit(),
-                        RowLoops::of(Kernel::Portable),
-                    );
+                    let portable =
+                        symmetric_with(&mut a, &row, WEIGHT_LIMIT, RowLoops::of(Kernel::Portable));
                     let vectorised = quantize_symmetric(&mut b, &row, kernel);
                     assert_eq!(
                         (portable, &a),

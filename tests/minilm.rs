@@ -101,10 +101,11 @@ fn minilm_paraphrases_score_above_unrelated_pairs() {
     }
 }
 
-/// `--dtype q8` (int8 weights): the vectors stay within 0.99 cosine of
-/// sentence-transformers' f32 ones on the real model, 0.998 on average
-/// (the empty text, two tokens pooled, is the farthest); 0.995 with the
-/// 7-bit weights of AVX2 CPUs (measured 0.9964, `RECALL_Q8=avx2`).
+/// `--dtype q8`: every vector within 0.995 cosine of sentence-transformers'
+/// f32 one on the real model, 0.998 on average, with 8-bit activations
+/// (measured 0.9990-0.9998, `RECALL_Q8=portable`) and with the AVX2 tile's
+/// 7-bit ones (0.9977-0.9995, `RECALL_Q8=avx2`): the outlier channels
+/// this model has (`recall::quant::outlier_channels`) are summed in f32.
 #[test]
 fn minilm_q8_stays_close_to_sentence_transformers() {
     let reference = reference();
@@ -113,14 +114,10 @@ fn minilm_q8_stays_close_to_sentence_transformers() {
     let cosines = cosines_to(&embedder, &reference);
     println!("q8 vs sentence-transformers f32, cosine per text: {cosines:?}");
     for (case, cos) in reference.cases.iter().zip(&cosines) {
-        assert!(*cos >= 0.99, "{:?}: cosine {cos}", case.text);
+        assert!(*cos >= 0.995, "{:?}: cosine {cos}", case.text);
     }
     let mean = cosines.iter().sum::<f32>() / cosines.len() as f32;
-    let bar = match recall::quant::Kernel::get().weight_limit() {
-        127 => 0.998,
-        _ => 0.995,
-    };
-    assert!(mean >= bar, "mean cosine {mean}");
+    assert!(mean >= 0.998, "mean cosine {mean}");
 }
 
 /// `--dtype bf16`: every vector within 0.9995 cosine of

@@ -1,9 +1,11 @@
-//! q8's check at load (`recall::calibrate`), on models with outlier
-//! channels (`common::outlier_model`: the kind of activations real
-//! RoBERTa-family checkpoints, BGE-M3 among them, have) and without,
-//! through the `recall` binary as a user runs it, on the 8-bit weights of
-//! VNNI CPUs and the 7-bit ones of the AVX2 tile. The texts scored here are
-//! not the check's own (`recall::calibrate::TEXTS`).
+//! q8 on models with outlier channels (`common::outlier_model`: the kind
+//! of activations real RoBERTa-family checkpoints, BGE-M3 among them,
+//! have) and without, through the `recall` binary as a user runs it, with
+//! the 8-bit activations of VNNI CPUs and the 7-bit ones of the AVX2 tile:
+//! its vectors against f32's, and its load-time check
+//! (`recall::calibrate`). The texts scored here are not the check's own
+//! (`recall::calibrate::TEXTS`), from which q8 also picks its outlier
+//! channels.
 
 mod common;
 
@@ -24,31 +26,49 @@ const TEXTS: &[&str] = &[
     "The resets come from the proxy's idle timeout of 60 seconds.",
 ];
 
-/// `recall -v embed` on TEXTS: the dense vectors and standard error.
-fn embed(model: &Path, cache: &Path, q8: Option<&str>) -> (Vec<Vec<f32>>, String) {
+/// What `recall -v embed` gives for TEXTS: the dense vectors, the ColBERT
+/// ones (with `colbert`), and standard error.
+struct Embedded {
+    dense: Vec<Vec<f32>>,
+    colbert: Vec<Vec<Vec<f32>>>,
+    stderr: String,
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    let array = v.as_array().unwrap();
+    array.iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn embed(model: &Path, cache: &Path, q8: Option<&str>, colbert: bool) -> Embedded {
     let mut args = vec!["-v", "embed", "--model", model.to_str().unwrap()];
     if q8.is_some() {
         args.extend(["--dtype", "q8"]);
+    }
+    if colbert {
+        args.push("--colbert");
     }
     args.push("--");
     args.extend_from_slice(TEXTS);
     let mut envs = vec![("RECALL_CACHE_DIR", cache.to_str().unwrap())];
     envs.extend(q8.map(|k| ("RECALL_Q8", k)));
-    let (code, out, err) = recall_env(&args, &envs);
-    assert_eq!(code, 0, "{err}");
-    let vectors = out
+    let (code, out, stderr) = recall_env(&args, &envs);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<Value> = out
         .lines()
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).unwrap();
-            v["dense"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    (vectors, err)
+    Embedded {
+        dense: lines.iter().map(|v| floats(&v["dense"])).collect(),
+        colbert: (lines.iter())
+            .filter_map(|v| v.get("colbert"))
+            .map(|c| c.as_array().unwrap().iter().map(floats).collect())
+            .collect(),
+        stderr,
+    }
 }
 
 /// The check's lowest cosine, from its debug line.
@@ -60,60 +80,76 @@ fn checked(stderr: &str) -> Option<f32> {
     line[at..].split(',').next()?.trim().parse().ok()
 }
 
-/// For each fixture and weight width: the check's verdict, and q8's lowest
-/// cosine to f32 on TEXTS. The check warns exactly when its own
+/// For each fixture and activation width: q8 against f32 on TEXTS, and
+/// the check's verdict. Held to the bars (every text's dense cosine ≥
+/// 0.995, their mean ≥ 0.998) on the model as it is and with one channel
+/// ×10; every ColBERT vector ≥ 0.99 on the model as it is. Past that (2
+/// channels ×40, 4 ×100: the channels compound through every layer's
+/// residual into components no channel split removes) q8 is not held to
+/// them: docs/q8.md has the figures. The check warns exactly when its own
 /// measurement is below the bar, is measured once per weights file, and
 /// (`predicts`) warns wherever q8 falls below 0.99 on texts it never saw.
-fn check_on(base: &Path, predicts: bool, quiet_unmodified: bool) {
+fn check_on(base: &Path, colbert: bool, predicts: bool) {
     let cache = tempfile::tempdir().unwrap();
     let mut table = Vec::new();
     let mut wrong = Vec::new();
     for (channels, factor) in [(0, 1.0), (1, 10.0), (2, 40.0), (4, 100.0)] {
         let (_tmp, model) = outlier_model(base, channels, factor);
-        let (f32, _) = embed(&model, cache.path(), None);
-        // "portable" computes the 8-bit weights of VNNI CPUs; "avx2" the
-        // 7-bit ones of the AVX2 tile.
+        let f32 = embed(&model, cache.path(), None, colbert);
+        // "portable" computes the 8-bit activations of VNNI CPUs; "avx2"
+        // the 7-bit ones of the AVX2 tile.
         for kernel in ["portable", "avx2"] {
-            let (q8, err) = embed(&model, cache.path(), Some(kernel));
-            let measured = checked(&err).unwrap_or_else(|| panic!("no check ran: {err}"));
-            let warned = err.contains("int8 vectors reach only");
-            let min = f32
+            let q8 = embed(&model, cache.path(), Some(kernel), colbert);
+            let measured =
+                checked(&q8.stderr).unwrap_or_else(|| panic!("no check ran: {}", q8.stderr));
+            let warned = q8.stderr.contains("int8 vectors reach only");
+            let cosines: Vec<f32> = f32
+                .dense
                 .iter()
-                .zip(&q8)
-                .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>())
+                .zip(&q8.dense)
+                .map(|(a, b)| dot(a, b))
+                .collect();
+            let min = cosines.iter().copied().fold(1f32, f32::min);
+            let mean = cosines.iter().sum::<f32>() / cosines.len() as f32;
+            let colbert_min = (f32.colbert.iter().flatten())
+                .zip(q8.colbert.iter().flatten())
+                .map(|(a, b)| dot(a, b))
                 .fold(1f32, f32::min);
             let row = format!(
-                "{channels} ch x{factor} {kernel}: check {measured:.5} warned {warned}, q8 on the texts {min:.5}"
+                "{channels} ch x{factor} {kernel}: dense min {min:.5} mean {mean:.5}, ColBERT min {colbert_min:.5}; check {measured:.5} warned {warned}"
             );
             assert_eq!(warned, measured < recall::calibrate::FIDELITY_BAR, "{row}");
-            if (predicts && !warned && min < 0.99) || (quiet_unmodified && channels == 0 && warned)
-            {
+            let dense_held = factor <= 10.0 && (min < 0.995 || mean < 0.998);
+            let colbert_held = channels == 0 && colbert_min < 0.99;
+            if dense_held || colbert_held || (predicts && !warned && min < 0.99) {
                 wrong.push(row.clone());
             }
             table.push(row);
             // The second load reads the result instead of measuring again.
-            let (_, again) = embed(&model, cache.path(), Some(kernel));
-            assert_eq!(checked(&again), None, "measured twice: {again}");
-            assert_eq!(again.contains("int8 vectors reach only"), warned);
+            let again = embed(&model, cache.path(), Some(kernel), false);
+            assert_eq!(
+                checked(&again.stderr),
+                None,
+                "measured twice: {}",
+                again.stderr
+            );
+            assert_eq!(again.stderr.contains("int8 vectors reach only"), warned);
         }
     }
     eprintln!("{}:\n{}", base.display(), table.join("\n"));
-    assert!(wrong.is_empty(), "the check misjudged: {wrong:#?}");
+    assert!(wrong.is_empty(), "below the bars: {wrong:#?}");
 }
 
-/// Random weights: q8 holds on the model as it is, and the check stays
-/// quiet there. Its outlier fixtures are not asserted on: with random
-/// weights the worst text of one set says little about another's (on
-/// 4 channels x100 with 8-bit weights the check read 0.9987 while one
-/// scored text fell to 0.96).
+/// Random weights, with the ColBERT head. The check is not asked to
+/// predict here: with random weights the worst text of one set says
+/// little about another's.
 #[test]
-fn the_q8_check_on_tiny_bge_m3() {
-    check_on(&tiny_model_dir(), false, true);
+fn q8_holds_with_outliers_on_tiny_bge_m3() {
+    check_on(&tiny_model_dir(), true, false);
 }
 
-/// Real weights: wherever q8 falls below 0.99 on the scored texts, with or
-/// without outliers, the check has warned.
+/// Real weights.
 #[test]
-fn the_q8_check_on_minilm() {
-    check_on(&minilm_dir(), true, false);
+fn q8_holds_with_outliers_on_minilm() {
+    check_on(&minilm_dir(), false, true);
 }

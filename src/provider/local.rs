@@ -103,7 +103,7 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
     };
     // int8 vectors are close to the f32 ones but not the same: an index
     // keeps to one of them (and so does the embedding cache); and to one of
-    // 8-bit weights and the 7-bit ones of CPUs without VNNI.
+    // 8-bit activations and the 7-bit ones of CPUs without VNNI.
     let revision = match info.dtype {
         // bf16 vectors are f32's within 0.9995 cosine (docs/bf16.md): the
         // same space, and the same index.
