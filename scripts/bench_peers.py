@@ -8,7 +8,7 @@ the others), under a line naming the CPU and its relevant flags.
     python scripts/bench_peers.py MODEL_DIR [--recall target/release/recall]
         [--shapes 1x16,1x128,8x128,4x512,1x2048] [--runs 5] [--threads 2]
         [--peers ort,ort-int8,torch,torch-bf16] [--dtypes f32,q8,bf16]
-        [--rounds 1] [--json]
+        [--rounds 1] [--baseline OTHER_RECALL] [--json]
 
 MODEL_DIR is an XLM-R (BGE-M3) directory such as models/bge-m3-random
 (scripts/make_full_bge_m3.py). The ONNX exports are made once into
@@ -24,6 +24,13 @@ On a shared machine one process can be slowed 1.5-2x while the next is not.
 --rounds N runs every side N times, taking turns, and keeps each side's
 best median per shape (and its largest peak memory), so that a slow spell
 hits every side alike instead of deciding a ratio.
+
+--baseline runs a second recall binary (a build of an earlier commit, say)
+in every dtype beside this one, as `base-recall*`, so that a change's cost
+or gain is one run's ratio (this recall / the baseline, in brackets on the
+baseline's column). It keeps its own cache ($RECALL_PEERS_CACHE/baseline):
+two builds whose packed layouts differ would otherwise replace each other's
+pack file at every start.
 """
 
 import argparse
@@ -186,12 +193,21 @@ def run_peer(peer, model_dir, shapes, runs, threads):
         }), flush=True)
 
 
-def recall_name(dtype):
-    return "recall" if dtype == "f32" else f"recall-{dtype}"
+def recall_name(dtype, prefix=""):
+    return prefix + ("recall" if dtype == "f32" else f"recall-{dtype}")
 
 
-def run_recall(binary, model_dir, shapes, runs, threads, dtype):
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+BASE = "base-"
+
+
+def baseline_env():
+    """The baseline binary's environment: a cache of its own."""
+    cache = Path(os.environ.get("RECALL_PEERS_CACHE", Path.home() / ".cache/recall/peers")) / "baseline"
+    return dict(os.environ, RECALL_CACHE_DIR=str(cache))
+
+
+def run_recall(binary, model_dir, shapes, runs, threads, dtype, prefix="", env=None):
+    env = dict(env or os.environ, RAYON_NUM_THREADS=str(threads))
     spec = ",".join(f"{b}x{t}" for b, t in shapes)
     out = subprocess.run(
         [binary, "bench", "--model", model_dir, "--shapes", spec, "--runs", str(runs), "--json",
@@ -201,7 +217,7 @@ def run_recall(binary, model_dir, shapes, runs, threads, dtype):
     rows = []
     for line in out.splitlines():
         r = json.loads(line)
-        rows.append({"peer": recall_name(dtype), "shape": r["shape"], "median_ms": r["median_ms"], "best_ms": r["best_ms"],
+        rows.append({"peer": recall_name(dtype, prefix), "shape": r["shape"], "median_ms": r["median_ms"], "best_ms": r["best_ms"],
                      "tokens_per_s": r["tokens_per_s"], "peak_rss_bytes": r["peak_rss_bytes"]})
     return rows
 
@@ -232,6 +248,7 @@ def main():
     ap.add_argument("--peers", default="ort,ort-int8,torch,torch-bf16")
     ap.add_argument("--dtypes", default="f32,q8,bf16", help="recall's --dtype values to run")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every side, taking turns; the best median of each is kept")
+    ap.add_argument("--baseline", help="another recall binary to run in the same dtypes, taking turns")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", help=argparse.SUPPRESS)  # internal: run one peer in this process
     args = ap.parse_args()
@@ -244,19 +261,24 @@ def main():
     dtypes = args.dtypes.split(",")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    for dtype in dtypes:
-        # The first load in a dtype writes recall's pack file (packed
-        # weights kept for later starts); outside the timed processes, so
-        # that no peak counts it.
-        subprocess.run(
-            [args.recall, "embed", "--model", args.model_dir, "--dtype", dtype, "warm up"],
-            check=True, stdout=subprocess.DEVNULL,
-        )
+    recalls = [(args.recall, "", None)]
+    if args.baseline:
+        recalls.append((args.baseline, BASE, baseline_env()))
+    for binary, _, env in recalls:
+        for dtype in dtypes:
+            # The first load in a dtype writes recall's pack file (packed
+            # weights kept for later starts) and q8's check; outside the
+            # timed processes, so that no peak counts them.
+            subprocess.run(
+                [binary, "embed", "--model", args.model_dir, "--dtype", dtype, "warm up"],
+                check=True, stdout=subprocess.DEVNULL, env=env,
+            )
     rows = []
     for _ in range(args.rounds):
         for dtype in dtypes:
-            rows += run_recall(args.recall, args.model_dir, shapes, args.runs, args.threads, dtype)
-        for peer in args.peers.split(","):
+            for binary, prefix, env in recalls:
+                rows += run_recall(binary, args.model_dir, shapes, args.runs, args.threads, dtype, prefix, env)
+        for peer in [p for p in args.peers.split(",") if p]:
             out = subprocess.run(
                 [sys.executable, __file__, args.model_dir, "--only", peer, "--shapes", args.shapes,
                  "--runs", str(args.runs), "--threads", str(args.threads)],
@@ -269,7 +291,8 @@ def main():
             print(json.dumps(r))
         return
     mine_names = [recall_name(d) for d in dtypes]
-    peers = mine_names + args.peers.split(",")
+    base_names = [recall_name(d, BASE) for d in dtypes] if args.baseline else []
+    peers = mine_names + base_names + [p for p in args.peers.split(",") if p]
     by = {(r["peer"], r["shape"]): r for r in rows}
     weights = sum(p.stat().st_size for p in Path(args.model_dir).glob("model.safetensors"))
     rounds = f", best of {args.rounds} rounds taking turns" if args.rounds > 1 else ""
@@ -292,7 +315,10 @@ def main():
             # Peers: recall / peer. recall's other dtypes: their speed-up
             # over its first (f32), the same way round.
             mine, r = by.get((base, s)), shown
-            if p in mine_names:
+            if p in base_names:
+                base = p[len(BASE):]
+                mine, r = by.get((base, s)), shown
+            elif p in mine_names:
                 first = recall_name(dtypes[0])
                 mine, r = (shown, by.get((first, s))) if p != first else (None, None)
             if shown is None:
@@ -312,7 +338,9 @@ def main():
         print(f"weights file: {weights / 2**30:.2f} GiB; 1.25x = {1.25 * weights / 2**30:.2f} GiB")
     print("ratios > 1 mean recall is faster (for 1x16: peer latency / recall latency); "
           "int8 peers against recall-q8, bf16 ones against recall-bf16, the others against recall f32 "
-          "(recall-bf16 and recall-q8 in brackets against recall f32)")
+          "(recall-bf16 and recall-q8 in brackets against recall f32"
+          + ("; base-recall* columns: this recall against the baseline binary in the same dtype" if args.baseline else "")
+          + ")")
 
 
 if __name__ == "__main__":

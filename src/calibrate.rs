@@ -78,6 +78,22 @@ impl Calibration {
         serde_json::from_slice(&std::fs::read(path).ok()?).ok()
     }
 
+    /// Whether the outlier channels are ascending and inside `config`'s
+    /// layers: a damaged file is measured again, not trusted.
+    fn fits(&self, config: &EncoderConfig) -> bool {
+        let within = |channels: &[usize], k: usize| {
+            channels.is_sorted_by(|a, b| a < b) && channels.last().is_none_or(|&c| c < k)
+        };
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        self.outliers.len() == config.num_layers
+            && self.outliers.iter().all(|l| {
+                within(&l.qkv, h)
+                    && within(&l.attn_out, h)
+                    && within(&l.intermediate, h)
+                    && within(&l.output, i)
+            })
+    }
+
     fn write(&self, path: &Path) -> Result<()> {
         let dir = path
             .parent()
@@ -144,7 +160,7 @@ impl Check {
         let path = cache_dir
             .join("calibration")
             .join(format!("{key}-{tag}-v{VERSION}.json"));
-        if let Some(known) = Calibration::read(&path) {
+        if let Some(known) = Calibration::read(&path).filter(|c| c.fits(config)) {
             return Ok(Self {
                 path,
                 outliers: known.outliers,
@@ -267,5 +283,40 @@ mod tests {
         assert!(fine.holds());
         std::fs::write(&path, "{\"fidelity\": {\"min_cosine\": 0.99}}").unwrap();
         assert_eq!(Calibration::read(&path), None);
+    }
+
+    #[test]
+    fn channels_that_do_not_fit_the_model_are_measured_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        std::fs::write(
+            &config,
+            r#"{"model_type":"bert","hidden_size":8,"num_hidden_layers":2,
+            "num_attention_heads":2,"intermediate_size":32,"vocab_size":100,
+            "max_position_embeddings":64,"type_vocab_size":2}"#,
+        )
+        .unwrap();
+        let config = EncoderConfig::from_file(&config).unwrap();
+        let layer = |qkv: Vec<usize>, output: Vec<usize>| ProjInputs {
+            qkv,
+            output,
+            ..Default::default()
+        };
+        let with = |outliers| Calibration {
+            fidelity: Fidelity {
+                min_cosine: 1.0,
+                mean_cosine: 1.0,
+            },
+            outliers,
+        };
+        let fine = vec![layer(vec![0, 7], vec![31]), layer(vec![], vec![8])];
+        assert!(with(fine.clone()).fits(&config));
+        // Past the hidden size; past the intermediate size; not ascending;
+        // twice; a layer short.
+        assert!(!with(vec![layer(vec![8], vec![]), fine[1].clone()]).fits(&config));
+        assert!(!with(vec![layer(vec![], vec![32]), fine[1].clone()]).fits(&config));
+        assert!(!with(vec![layer(vec![3, 1], vec![]), fine[1].clone()]).fits(&config));
+        assert!(!with(vec![layer(vec![1, 1], vec![]), fine[1].clone()]).fits(&config));
+        assert!(!with(fine[..1].to_vec()).fits(&config));
     }
 }

@@ -174,7 +174,11 @@ fn packed_kernel(dtype: Dtype, outliers: &Outliers) -> Result<String> {
             let kernel = crate::quant::Kernel::get();
             let digest = Sha256::digest(serde_json::to_vec(outliers)?);
             let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-            format!("{kernel:?} {} outliers {short}", kernel.revision_tag())
+            // "in panels": the layout of the f32 channels' weights.
+            format!(
+                "{kernel:?} {} outliers {short} in panels",
+                kernel.revision_tag()
+            )
         }
     })
 }
