@@ -26,3 +26,7 @@ if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
 fi
 RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval \
   -- --skip defaults_are_the_best_on_dev
+# aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, clippy for
+# that target, and the parity and evaluation tests under qemu-aarch64 with
+# the dot product and without (scripts/aarch64.sh).
+bash scripts/aarch64.sh "$@"

@@ -400,8 +400,10 @@ mod tests {
             }
             kernels.push(Bf16Kernel::Widened(PackedKernel::Avx512));
         }
-        if crate::matmul::packed_available() {
-            kernels.push(Bf16Kernel::Widened(PackedKernel::Avx2));
+        for packed in PackedKernel::all() {
+            if packed != PackedKernel::Avx512 {
+                kernels.push(Bf16Kernel::Widened(packed));
+            }
         }
         if kernels.is_empty() {
             eprintln!("bf16: this CPU has no tile; the encoder uses candle's matmul");

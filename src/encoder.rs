@@ -443,8 +443,8 @@ impl Encoder {
         }
         if dtype == Dtype::Q8 && crate::quant::Kernel::get() == crate::quant::Kernel::Portable {
             tracing::warn!(
-                "--dtype q8: this CPU has neither AVX-512 VNNI nor AVX2, so int8 runs a portable \
-                 loop, much slower than f32"
+                "--dtype q8: this CPU has no int8 dot product (AVX-512 VNNI, AVX-VNNI, AVX2 or \
+                 Arm's dot product), so int8 runs a portable loop, much slower than f32"
             );
         }
         weights.detect_prefix(WORD_EMBEDDINGS)?;

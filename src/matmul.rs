@@ -1,5 +1,5 @@
 //! `x · Wᵀ` for the encoder's linear layers, on x86-64 CPUs with AVX2 and
-//! FMA (`PackedLinear`).
+//! FMA and on aarch64 (NEON) (`PackedLinear`).
 //!
 //! candle's matmul (the `gemm` crate) packs its right-hand side into panels
 //! on every call. For a linear layer that side is the weight matrix, so a
@@ -15,7 +15,8 @@
 //!
 //! The tile is 6 input rows × 64 columns with AVX-512 (24 accumulators:
 //! each weight load feeds 6 FMAs, each broadcast input 4), or 6 rows × 16
-//! columns with AVX2 (12 accumulators), four strips per panel. On 2 Zen 4
+//! columns with AVX2 (12 accumulators), four strips per panel, or 6 rows
+//! × 16 columns with NEON (24 of its 32 registers: `tile_neon`). On 2 Zen 4
 //! cores (`cargo run --release --example matmul_probe -- M K N`): AVX-512
 //! 200-215 GFLOP/s at 1024-2048 rows and 120 at 16; AVX2 150-215 at 1024
 //! rows, level with the old row kernel at 16; candle's `gemm` 110-190
@@ -142,6 +143,18 @@ pub trait PackedWeight: crate::packcache::Plain + Default {
     /// AVX2; 16 values at `p`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load_pair8(p: *const Self) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256);
+
+    /// The 8 weights at `p` as two registers of f32: columns 0..4 and 4..8.
+    ///
+    /// # Safety
+    /// NEON; 8 values at `p`.
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn load_pair4(
+        p: *const Self,
+    ) -> (
+        std::arch::aarch64::float32x4_t,
+        std::arch::aarch64::float32x4_t,
+    );
 }
 
 impl PackedWeight for f32 {
@@ -165,6 +178,19 @@ impl PackedWeight for f32 {
     unsafe fn load_pair8(p: *const f32) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
         use std::arch::x86_64::_mm256_loadu_ps;
         unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn load_pair4(
+        p: *const f32,
+    ) -> (
+        std::arch::aarch64::float32x4_t,
+        std::arch::aarch64::float32x4_t,
+    ) {
+        use std::arch::aarch64::vld1q_f32;
+        unsafe { (vld1q_f32(p), vld1q_f32(p.add(4))) }
     }
 }
 
@@ -211,6 +237,26 @@ impl PackedWeight for half::bf16 {
             )
         }
     }
+
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn load_pair4(
+        p: *const half::bf16,
+    ) -> (
+        std::arch::aarch64::float32x4_t,
+        std::arch::aarch64::float32x4_t,
+    ) {
+        use std::arch::aarch64::*;
+        unsafe {
+            let v = vld1q_u32(p as *const u32);
+            let odd = vandq_u32(v, vdupq_n_u32(0xffff_0000));
+            (
+                vreinterpretq_f32_u32(vshlq_n_u32::<16>(v)),
+                vreinterpretq_f32_u32(odd),
+            )
+        }
+    }
 }
 
 /// The part of the `next` block of weights that row tile `t` of `tiles`
@@ -233,14 +279,14 @@ pub(crate) fn share<T>(next: &[T], t: usize, tiles: usize) -> &[T] {
 pub(crate) const PREFETCHING_TILES: usize = 2;
 
 /// Prefetches of a range into L2, spread evenly over a loop's steps.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) struct Prefetch {
     start: *const i8,
     lines: usize,
     per_step: usize,
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl Prefetch {
     pub(crate) fn new<T>(range: &[T], steps: usize) -> Self {
         let lines = std::mem::size_of_val(range).div_ceil(64);
@@ -254,17 +300,26 @@ impl Prefetch {
     /// The prefetches of loop step `step`.
     #[inline(always)]
     pub(crate) fn step(&self, step: usize) {
-        use std::arch::x86_64::*;
         let end = ((step + 1) * self.per_step).min(self.lines);
         for line in step * self.per_step..end {
+            let at = self.start.wrapping_add(line * 64);
             // A prefetch never faults, and the line is inside the range.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.start.wrapping_add(line * 64)) };
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at)
+            };
+            // (`core::arch::aarch64::_prefetch` is not stable.)
+            #[cfg(target_arch = "aarch64")]
+            unsafe {
+                std::arch::asm!("prfm pldl2keep, [{at}]", at = in(reg) at,
+                    options(nostack, readonly, preserves_flags))
+            };
         }
     }
 }
 
 /// Tile steps (input positions) between prefetches.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) const PREFETCH_RUN: usize = 16;
 
 /// Which tile `PackedLinear` runs.
@@ -274,12 +329,16 @@ pub enum PackedKernel {
     Avx512,
     /// 6 rows × 16 columns, 12 ymm accumulators: a panel in four strips.
     Avx2,
+    /// aarch64: 6 rows × 16 columns, 24 of NEON's 32 registers
+    /// accumulating, four strips per panel.
+    Neon,
 }
 
 impl PackedKernel {
     /// The best tile this CPU runs (checked once), or none: then the
     /// encoder keeps candle's matmul. `RECALL_MATMUL=avx2` forces the AVX2
-    /// tile and `RECALL_MATMUL=candle` none, to compare.
+    /// tile and `RECALL_MATMUL=candle` none, to compare. Every aarch64 CPU
+    /// has NEON.
     pub fn get() -> Option<PackedKernel> {
         static KERNEL: std::sync::OnceLock<Option<PackedKernel>> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
@@ -298,16 +357,54 @@ impl PackedKernel {
                     return Some(PackedKernel::Avx2);
                 }
             }
+            #[cfg(target_arch = "aarch64")]
+            if forced.as_deref() != Some("candle")
+                && std::arch::is_aarch64_feature_detected!("neon")
+            {
+                return Some(PackedKernel::Neon);
+            }
             let _ = forced;
             None
         })
+    }
+
+    /// Every tile this CPU runs, the best first (for tests and benchmarks).
+    pub fn all() -> Vec<PackedKernel> {
+        #[cfg_attr(
+            not(any(target_arch = "x86_64", target_arch = "aarch64")),
+            allow(unused_mut)
+        )]
+        let mut kernels = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                kernels.push(PackedKernel::Avx512);
+            }
+            if cpu_has_avx2_fma() {
+                kernels.push(PackedKernel::Avx2);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            kernels.push(PackedKernel::Neon);
+        }
+        kernels
     }
 
     /// Columns per strip: the tile's width.
     fn strip(self) -> usize {
         match self {
             PackedKernel::Avx512 => 64,
-            PackedKernel::Avx2 => 16,
+            PackedKernel::Avx2 | PackedKernel::Neon => 16,
+        }
+    }
+
+    /// Columns per register.
+    fn lanes(self) -> usize {
+        match self {
+            PackedKernel::Avx512 => 16,
+            PackedKernel::Avx2 => 8,
+            PackedKernel::Neon => 4,
         }
     }
 }
@@ -326,9 +423,12 @@ pub fn packed_available() -> bool {
 pub struct PackedLinear<E = f32> {
     n: usize,
     k: usize,
-    // Read by the x86 tiles only; elsewhere `PackedKernel::get` finds none
-    // and no PackedLinear is built.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    // Read by the tiles only; where there are none `PackedKernel::get`
+    // finds none and no PackedLinear is built.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     kernel: PackedKernel,
     /// `[panels][blocks][strips][depth][strip]`, zero past `n`.
     packed: Slab<E>,
@@ -473,16 +573,17 @@ impl<E: PackedWeight> PackedLinear<E> {
             };
             // SAFETY: `kernel` is one this CPU runs; each x row has `depth`
             // floats from d, and the block `depth × PANEL`.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                match self.kernel {
-                    PackedKernel::Avx512 => tile_avx512(&tile),
-                    PackedKernel::Avx2 => tile_avx2(&tile),
-                }
+            match self.kernel {
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx512 => unsafe { tile_avx512(&tile) },
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx2 => unsafe { tile_avx2(&tile) },
+                #[cfg(target_arch = "aarch64")]
+                PackedKernel::Neon => unsafe { tile_neon(&tile) },
+                // No other tile is built for this arch (`PackedKernel::get`).
+                #[allow(unreachable_patterns)]
+                _ => unreachable!("{:?} tile on this arch", self.kernel),
             }
-            // No tile elsewhere, where no PackedLinear is built.
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = tile;
         });
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
@@ -515,17 +616,17 @@ fn lane<E: PackedWeight>(kernel: PackedKernel, c: usize) -> usize {
     if !E::INTERLEAVED {
         return c;
     }
-    let width = match kernel {
-        PackedKernel::Avx512 => 16,
-        PackedKernel::Avx2 => 8,
-    };
+    let width = kernel.lanes();
     let j = c % (2 * width);
     c - j + (j % width) * 2 + j / width
 }
 
 /// One tile's work: `out[r] (+)= x[r][..depth] · block` for `rows` rows
 /// (the others repeat the last) and the PANEL columns of a block.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 struct Tile<'a, E> {
     x: &'a [*const f32; PANEL_ROWS],
     /// `PANEL / strip` strips of `depth × strip` weights.
@@ -672,6 +773,61 @@ unsafe fn tile_avx2<E: PackedWeight>(t: &Tile<E>) {
     }
 }
 
+/// The tile with NEON: four strips of 16 columns, each 6 rows × 4
+/// registers (24 of the 32), as `tile_avx2`'s on registers a quarter as
+/// wide. Per input position: 4 weight loads and 6 broadcast loads (`ld1r`)
+/// for 24 `fmla`. The same sums in the same order as `tile_avx2`, so the
+/// same floats.
+///
+/// # Safety
+/// NEON; the pointers hold what `Tile` says.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn tile_neon<E: PackedWeight>(t: &Tile<E>) {
+    use std::arch::aarch64::*;
+    const STRIP: usize = 16;
+    const REGS: usize = STRIP / 4;
+    let steps = PANEL / STRIP * t.depth.div_ceil(PREFETCH_RUN);
+    let ahead = (!t.ahead.is_empty()).then(|| Prefetch::new(t.ahead, steps));
+    let mut run = 0;
+    unsafe {
+        for s in 0..PANEL / STRIP {
+            let (strip, c0) = (t.block.add(s * t.depth * STRIP), s * STRIP);
+            let mut acc = [[vdupq_n_f32(0.0); REGS]; PANEL_ROWS];
+            if t.accumulate {
+                for (r, acc) in acc.iter_mut().enumerate().take(t.rows) {
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        *a = vld1q_f32(t.out.add(r * t.stride + c0 + c * 4));
+                    }
+                }
+            }
+            for d0 in (0..t.depth).step_by(PREFETCH_RUN) {
+                if let Some(ahead) = &ahead {
+                    ahead.step(run);
+                }
+                run += 1;
+                for d in d0..t.depth.min(d0 + PREFETCH_RUN) {
+                    let b = strip.add(d * STRIP);
+                    let (w0, w1) = E::load_pair4(b);
+                    let (w2, w3) = E::load_pair4(b.add(8));
+                    let wv = [w0, w1, w2, w3];
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let xv = vld1q_dup_f32(t.x[r].add(d));
+                        for c in 0..REGS {
+                            acc[c] = vfmaq_f32(acc[c], wv[c], xv);
+                        }
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate().take(t.rows) {
+                for (c, a) in acc.iter().enumerate() {
+                    vst1q_f32(t.out.add(r * t.stride + c0 + c * 4), *a);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -712,17 +868,7 @@ pub(crate) mod tests {
 
     /// The packed tiles this CPU runs, whichever the encoder picked.
     fn kernels() -> Vec<PackedKernel> {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut kernels = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                kernels.push(PackedKernel::Avx512);
-            }
-            if cpu_has_avx2_fma() {
-                kernels.push(PackedKernel::Avx2);
-            }
-        }
+        let kernels = PackedKernel::all();
         if kernels.is_empty() {
             eprintln!("packed matmul: this CPU has no tile for it; the encoder uses candle's");
         }

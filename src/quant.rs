@@ -20,9 +20,10 @@
 //! and nothing is reduced across lanes. Panels are split between threads.
 //!
 //! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
-//! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile and a
-//! portable loop compute the very same integers from the same weights
-//! (`Kernel`), only slower. The AVX2 tile needs activations within
+//! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile, an
+//! aarch64 tile on the Armv8.2 dot product (`sdot`), one on I8MM's
+//! `smmla` and a portable loop
+//! compute the very same integers from the same weights (`Kernel`). The AVX2 tile needs activations within
 //! 0..=128, so CPUs that run it quantise them to 127 levels and give
 //! slightly different vectors (another revision: `Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
@@ -32,7 +33,7 @@ use rayon::prelude::*;
 
 use crate::packcache::{Packed, Reader, Slab};
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use crate::matmul::Prefetch;
 use crate::matmul::{Dst, share};
 
@@ -328,10 +329,22 @@ impl QLinear {
             return vec![0f32; m * n];
         }
         let kernel = Kernel::get();
-        let rows = QuantRows::new(x, m, self.k, self.kp, kernel, &self.outliers.channels);
+        let mut rows = QuantRows::new(x, m, self.k, self.kp, kernel, &self.outliers.channels);
+        if matches!(kernel, Kernel::Sdot | Kernel::I8mm) {
+            rows.make_signed();
+        }
+        // A tile's rows in `rows.data`: kp bytes each, or for `tile_smmla`
+        // in pairs of 8-byte runs (`QuantRows::pair_rows`).
+        let row_bytes = match kernel {
+            Kernel::I8mm => {
+                rows.pair_rows(self.kp);
+                pair_row_bytes(self.kp)
+            }
+            _ => self.kp,
+        };
         // The f32 channels' vector loop: every x86 tile kernel's CPU has
         // AVX2 (AVX-512 ones included).
-        let vector = kernel != Kernel::Portable;
+        let vector = matches!(kernel, Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2);
         let xs = self.outliers.gather(x, m, self.k);
         let xs_tile = self.outliers.channels.len() * TILE_ROWS;
         let mut out = Vec::<f32>::with_capacity(m * np);
@@ -347,7 +360,7 @@ impl QLinear {
             let tiles = m.div_ceil(TILE_ROWS);
             for (t, i) in (0..m).step_by(TILE_ROWS).enumerate() {
                 let tile = Tile {
-                    x: &rows.data[i * self.kp..(i + TILE_ROWS) * self.kp],
+                    x: &rows.data[i * row_bytes..(i + TILE_ROWS) * row_bytes],
                     kp: self.kp,
                     panel,
                     x_scales: &rows.scales[i..i + TILE_ROWS],
@@ -368,6 +381,10 @@ impl QLinear {
                     Kernel::Avx2 => unsafe { tile_avx2(&tile, out, np) },
                     #[cfg(target_arch = "x86_64")]
                     Kernel::AvxVnni => unsafe { tile_avx_vnni(&tile, out, np) },
+                    #[cfg(target_arch = "aarch64")]
+                    Kernel::Sdot => unsafe { tile_sdot(&tile, out, np) },
+                    #[cfg(target_arch = "aarch64")]
+                    Kernel::I8mm => unsafe { tile_smmla(&tile, out, np) },
                     _ => unsafe { tile_portable(&tile, out, np) },
                 }
                 let xs = &xs[t * xs_tile..][..xs_tile];
@@ -461,7 +478,8 @@ impl RowLoops {
                     quantize: avx2::quantize,
                 };
             }
-            Kernel::Portable => {}
+            // (Not on x86.)
+            Kernel::Sdot | Kernel::I8mm | Kernel::Portable => {}
         }
         let _ = kernel;
         Self {
@@ -479,7 +497,8 @@ impl RowLoops {
 }
 
 /// Which tile kernel runs. On the same quantised weights all give the same
-/// integers, so the same floats; the AVX2 one needs weights within ±64.
+/// integers, so the same floats; the AVX2 one needs activations within
+/// 0..=128 (`Kernel::activation_levels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// AVX-512 VNNI `vpdpbusd`: 64 u8 × i8 products per instruction.
@@ -490,6 +509,13 @@ pub enum Kernel {
     /// instructions, on 7-bit activations (their pairs of products would
     /// overflow i16 otherwise, as ONNX Runtime's do on AVX2 CPUs).
     Avx2,
+    /// aarch64's dot product (`sdot`, Armv8.2: every Apple M-series chip,
+    /// Graviton 2 and later): 16 i8 × i8 products per instruction.
+    Sdot,
+    /// aarch64's 8-bit matrix multiply (`smmla`, I8MM: Apple M2 and later,
+    /// Graviton 3 and later): a 2×8 by 8×2 product, 32 i8 × i8 products,
+    /// per instruction.
+    I8mm,
     /// Plain Rust, for other CPUs: far slower than f32.
     Portable,
 }
@@ -516,12 +542,12 @@ impl Kernel {
     pub fn activation_levels(self) -> i32 {
         match self {
             Kernel::Avx2 => 127,
-            Kernel::Vnni | Kernel::AvxVnni | Kernel::Portable => 255,
+            Kernel::Vnni | Kernel::AvxVnni | Kernel::Sdot | Kernel::I8mm | Kernel::Portable => 255,
         }
     }
 
-    /// The best this CPU runs; `RECALL_Q8=avx2` or `portable` picks a lesser
-    /// one (to compare). Checked once.
+    /// The best this CPU runs; `RECALL_Q8=avx2`, `sdot` or `portable` picks
+    /// a lesser one (to compare). Checked once.
     pub fn get() -> Kernel {
         static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
@@ -540,6 +566,16 @@ impl Kernel {
                 }
                 if wanted != "portable" && has!("avx2") {
                     return Kernel::Avx2;
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            {
+                use std::arch::is_aarch64_feature_detected as has;
+                if !matches!(wanted.as_str(), "sdot" | "portable") && has!("i8mm") {
+                    return Kernel::I8mm;
+                }
+                if wanted != "portable" && has!("dotprod") {
+                    return Kernel::Sdot;
                 }
             }
             let _ = wanted;
@@ -596,6 +632,35 @@ impl QuantRows {
             scales,
             zeros,
         }
+    }
+
+    /// The bytes as `q - 128`, signed, which is what `tile_sdot` multiplies
+    /// (`sdot` takes i8 × i8).
+    fn make_signed(&mut self) {
+        self.data.par_chunks_mut(1 << 16).for_each(|c| {
+            c.iter_mut().for_each(|q| *q ^= 0x80);
+        });
+    }
+
+    /// The rows as `tile_smmla` reads them: each pair of rows as runs of 8
+    /// bytes, the first row's then the second's (an `smmla` operand each),
+    /// `pair_row_bytes(kp)` bytes a row; past `kp`, zeros.
+    fn pair_rows(&mut self, kp: usize) {
+        let kp8 = kp.next_multiple_of(8);
+        let mut paired = vec![0u8; self.data.len() / kp * kp8];
+        paired
+            .par_chunks_mut(2 * kp8)
+            .zip(self.data.par_chunks(2 * kp))
+            .for_each(|(to, from)| {
+                let (first, second) = from.split_at(kp);
+                for (h, run) in to.chunks_exact_mut(16).enumerate() {
+                    for (row, half) in [first, second].into_iter().zip(run.chunks_exact_mut(8)) {
+                        let part = row.get(8 * h..kp.min(8 * h + 8)).unwrap_or_default();
+                        half[..part.len()].copy_from_slice(part);
+                    }
+                }
+            });
+        self.data = paired;
     }
 
     /// A row's scale, zero point, and what `quantize` multiplies and adds:
@@ -735,7 +800,10 @@ struct Tile<'a> {
     /// Rows to write (the rest are padding).
     rows: usize,
     /// Part of the next panel to prefetch into L2 meanwhile.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     ahead: &'a [i8],
 }
 
@@ -934,6 +1002,210 @@ unsafe fn tile_vnni(tile: &Tile, out: *mut f32, stride: usize) {
     }
 }
 
+/// One tile with the Armv8.2 dot product (`sdot`: four i8 × i8 products
+/// summed into each i32 lane, exactly), as `tile_avx_vnni`'s on registers
+/// half as wide: four strips of 16 columns, each 6 rows × 4 registers (24
+/// of the 32). Per group of 4 positions, 4 weight loads and 6 broadcast
+/// loads (`ld1r`) feed 24 `sdot`. The activations come as `q - 128`
+/// (`QuantRows::make_signed`), since `sdot` is signed on both sides; adding
+/// back `128 · Σ w` gives `tile_vnni`'s very integers.
+///
+/// # Safety
+/// The CPU has the dot product; `tile.x` holds `q - 128`; `out` as for
+/// `tile_portable`.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn tile_sdot(tile: &Tile, out: *mut f32, stride: usize) {
+    use std::arch::aarch64::*;
+    const COLS: usize = 16;
+    const REGS: usize = COLS / 4;
+    let kp = tile.kp;
+    assert!(tile.x.len() >= TILE_ROWS * kp && tile.panel.len() >= kp * PANEL);
+    let groups = kp / GROUP;
+    let ahead = Prefetch::new(tile.ahead, groups * PANEL / COLS);
+    for c0 in (0..PANEL).step_by(COLS) {
+        unsafe {
+            let mut acc = [[vdupq_n_s32(0); REGS]; TILE_ROWS];
+            let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr().add(c0 * GROUP));
+            let step = c0 / COLS * groups;
+            for g in 0..groups {
+                if !tile.ahead.is_empty() {
+                    ahead.step(step + g);
+                }
+                let block = w.add(g * PANEL * GROUP);
+                let wv: [int8x16_t; REGS] = std::array::from_fn(|h| vld1q_s8(block.add(16 * h)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let four = x.add(r * kp + g * GROUP) as *const i32;
+                    let xv = vreinterpretq_s8_s32(vld1q_dup_s32(four));
+                    for (acc, &wv) in acc.iter_mut().zip(&wv) {
+                        *acc = sdot(*acc, wv, xv);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate().take(tile.rows) {
+                for (h, &sums) in acc.iter().enumerate() {
+                    let col = c0 + 4 * h;
+                    let y = signed_outputs(tile, r, col, sums);
+                    vst1q_f32(out.add(r * stride + col), y);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes a row of activations takes in `QuantRows::pair_rows`'s layout.
+fn pair_row_bytes(kp: usize) -> usize {
+    kp.next_multiple_of(8)
+}
+
+/// One tile with I8MM's `smmla` (the 2×8 by 8×2 i8 product, added exactly
+/// to a 2×2 of i32): eight strips of 8 columns, each 3 pairs of rows × 4
+/// pairs of columns (12 accumulators). Per 8 positions, 4 weight loads and
+/// 4 `zip`s (two groups of the panel's 4-byte layout become a column's 8
+/// bytes) and 3 activation loads (rows paired by `QuantRows::pair_rows`)
+/// feed 12 `smmla`, 384 products: `tile_sdot` takes 10 loads and 24 `sdot`
+/// for as many. Signed activations and the same correction as `tile_sdot`,
+/// so the same integers.
+///
+/// # Safety
+/// The CPU has I8MM; `tile.x` holds `q - 128` in pairs of rows
+/// (`pair_row_bytes`); `out` as for `tile_portable`.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon,i8mm")]
+unsafe fn tile_smmla(tile: &Tile, out: *mut f32, stride: usize) {
+    use std::arch::aarch64::*;
+    const COLS: usize = 8;
+    const PAIRS: usize = TILE_ROWS / 2;
+    let kp = tile.kp;
+    let row_bytes = pair_row_bytes(kp);
+    assert!(tile.x.len() >= TILE_ROWS * row_bytes && tile.panel.len() >= kp * PANEL);
+    let groups = kp / GROUP;
+    let octets = row_bytes / 8;
+    let ahead = Prefetch::new(tile.ahead, octets * PANEL / COLS);
+    for c0 in (0..PANEL).step_by(COLS) {
+        unsafe {
+            // acc[p][j]: rows 2p, 2p + 1 × columns c0 + 2j, c0 + 2j + 1.
+            let mut acc = [[vdupq_n_s32(0); COLS / 2]; PAIRS];
+            let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr().add(c0 * GROUP));
+            let step = c0 / COLS * octets;
+            for h in 0..octets {
+                if !tile.ahead.is_empty() {
+                    ahead.step(step + h);
+                }
+                // Groups 2h and 2h + 1 (none past the last), 4 columns a
+                // register: zipped by 4-byte lanes, a column's 8 bytes.
+                let first = w.add(2 * h * PANEL * GROUP);
+                let load = |at: usize| vreinterpretq_s32_s8(vld1q_s8(first.add(at)));
+                let (a0, a1) = (load(0), load(16));
+                let (b0, b1) = match 2 * h + 1 < groups {
+                    true => (load(PANEL * GROUP), load(PANEL * GROUP + 16)),
+                    false => (vdupq_n_s32(0), vdupq_n_s32(0)),
+                };
+                let wv = [
+                    vzip1q_s32(a0, b0),
+                    vzip2q_s32(a0, b0),
+                    vzip1q_s32(a1, b1),
+                    vzip2q_s32(a1, b1),
+                ]
+                .map(|v| vreinterpretq_s8_s32(v));
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    let xv = vld1q_s8(x.add(2 * p * row_bytes + 16 * h) as *const i8);
+                    for (acc, &wv) in acc.iter_mut().zip(&wv) {
+                        *acc = smmla(*acc, xv, wv);
+                    }
+                }
+            }
+            for (p, acc) in acc.iter().enumerate() {
+                for half in 0..2 {
+                    let (lo, hi) = (
+                        vreinterpretq_s64_s32(acc[2 * half]),
+                        vreinterpretq_s64_s32(acc[2 * half + 1]),
+                    );
+                    // Each row's 4 columns c0 + 4·half.. .
+                    let rows = [vzip1q_s64(lo, hi), vzip2q_s64(lo, hi)];
+                    for (r, sums) in (2 * p..).zip(rows) {
+                        if r >= tile.rows {
+                            break;
+                        }
+                        let col = c0 + 4 * half;
+                        let y = signed_outputs(tile, r, col, vreinterpretq_s32_s64(sums));
+                        vst1q_f32(out.add(r * stride + col), y);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The f32 outputs of row `r`, columns `col..col + 4`, from the sums of
+/// signed activations (`q - 128`): `Σ q·w = Σ (q - 128)·w + 128·Σ w`, less
+/// the zero point's `zero · Σ w`, then both scales, as `Tile::output`.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn signed_outputs(
+    tile: &Tile,
+    r: usize,
+    col: usize,
+    sums: std::arch::aarch64::int32x4_t,
+) -> std::arch::aarch64::float32x4_t {
+    use std::arch::aarch64::*;
+    unsafe {
+        let shift = vdupq_n_s32(128 - tile.x_zeros[r]);
+        let w_sums = vld1q_s32(tile.w_sums.as_ptr().add(col));
+        let w_scales = vld1q_f32(tile.w_scales.as_ptr().add(col));
+        let v = vmlaq_s32(sums, shift, w_sums);
+        vmulq_f32(
+            vcvtq_f32_s32(v),
+            vmulq_f32(vdupq_n_f32(tile.x_scales[r]), w_scales),
+        )
+    }
+}
+
+/// Defines `$name(acc, a, b)`: `acc` plus the products of the i8 × i8
+/// instruction `$op` on `a` and `b` (in assembly: its intrinsic is not
+/// stable Rust).
+macro_rules! arm_int8 {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $op:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "aarch64")]
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn $name(
+            acc: std::arch::aarch64::int32x4_t,
+            a: std::arch::aarch64::int8x16_t,
+            b: std::arch::aarch64::int8x16_t,
+        ) -> std::arch::aarch64::int32x4_t {
+            let mut acc = acc;
+            unsafe {
+                std::arch::asm!(
+                    concat!($op, " {acc:v}.4s, {a:v}.16b, {b:v}.16b"),
+                    acc = inout(vreg) acc,
+                    a = in(vreg) a,
+                    b = in(vreg) b,
+                    options(pure, nomem, nostack, preserves_flags),
+                )
+            };
+            acc
+        }
+    };
+}
+
+arm_int8!(
+    /// `acc +` the 2×2 products of `x`'s two rows of 8 and `w`'s two
+    /// columns of 8 (`smmla acc, x, w`).
+    smmla,
+    "neon,i8mm",
+    "smmla"
+);
+
+arm_int8!(
+    /// `acc +` the four products of each i32 lane of `w` and `x` (`sdot`).
+    sdot,
+    "neon,dotprod",
+    "sdot"
+);
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -973,6 +1245,7 @@ pub(crate) mod tests {
         for &(m, k, n) in &[
             (1, 4, 1),
             (5, 13, 7),
+            (3, 20, 70),
             (7, 1024, 130),
             (16, 384, 64),
             (13, 4096, 3),
@@ -998,7 +1271,8 @@ pub(crate) mod tests {
         };
         #[cfg(not(target_arch = "x86_64"))]
         let (vnni, avx2) = (false, false);
-        let (m, k, kp) = (7, 1030, 1032);
+        // kp 4 past a multiple of 8: a group without a pair (`tile_smmla`).
+        let (m, k, kp) = (7, 1026, 1028);
         let mut x = values(m * k, 7919, 3.0);
         // A row of one positive value: every input byte 255, the largest
         // products there are.
@@ -1030,7 +1304,6 @@ pub(crate) mod tests {
         }
         let a = QuantRows::with(&x, m, k, kp, portable, 255, &[]);
         let w_scales: Vec<f32> = (0..PANEL).map(|c| 0.001 * (c + 1) as f32).collect();
-        let w_sums: Vec<i32> = (0..PANEL).map(|c| c as i32 * 37 - 900).collect();
         // The next panel, to prefetch: any bytes.
         let ahead = vec![0i8; PANEL * kp];
         let limit = WEIGHT_LIMIT;
@@ -1046,6 +1319,15 @@ pub(crate) mod tests {
                 -limit
             } as i8;
         }
+        // Each column's sum, which the sdot tile's correction relies on.
+        let w_sums: Vec<i32> = (0..PANEL)
+            .map(|c| {
+                (panel.chunks_exact(PANEL * GROUP))
+                    .flat_map(|block| &block[c * GROUP..][..GROUP])
+                    .map(|&w| w as i32)
+                    .sum()
+            })
+            .collect();
         // Every input byte, or those the AVX2 tile takes (0..=128).
         for top in [255u8, 128] {
             let data: Vec<u8> = a.data.iter().map(|&q| q.min(top)).collect();
@@ -1093,6 +1375,37 @@ pub(crate) mod tests {
                 let mut v = vec![-1f32; TILE_ROWS * PANEL];
                 unsafe { tile_of(&tile, v.as_mut_ptr(), PANEL) };
                 assert_eq!(p, v, "{name}, input bytes up to {top}");
+            }
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                let signed: Vec<u8> = data.iter().map(|&q| q ^ 0x80).collect();
+                let tile = Tile {
+                    x: &signed[..TILE_ROWS * kp],
+                    ..tile
+                };
+                let mut v = vec![-1f32; TILE_ROWS * PANEL];
+                unsafe { tile_sdot(&tile, v.as_mut_ptr(), PANEL) };
+                assert_eq!(p, v, "sdot, input bytes up to {top}");
+            } else {
+                eprintln!("quant: this CPU lacks the dot product; the sdot tile is not compared");
+            }
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("i8mm") {
+                let mut rows = QuantRows {
+                    data: data.iter().map(|&q| q ^ 0x80).collect(),
+                    scales: vec![],
+                    zeros: vec![],
+                };
+                rows.pair_rows(kp);
+                let tile = Tile {
+                    x: &rows.data[..TILE_ROWS * pair_row_bytes(kp)],
+                    ..tile
+                };
+                let mut v = vec![-1f32; TILE_ROWS * PANEL];
+                unsafe { tile_smmla(&tile, v.as_mut_ptr(), PANEL) };
+                assert_eq!(p, v, "smmla, input bytes up to {top}");
+            } else {
+                eprintln!("quant: this CPU lacks I8MM; the smmla tile is not compared");
             }
         }
     }

@@ -260,9 +260,9 @@ impl MappedF32 {
 /// Tells the kernel that the copied pages of the map are no longer needed,
 /// so they stop counting towards the process's memory.
 fn release(map: &Mmap, start: usize, end: usize) {
-    const PAGE: usize = 4096;
-    let first = start.div_ceil(PAGE) * PAGE;
-    let last = end / PAGE * PAGE;
+    let page = page_size();
+    let first = start.div_ceil(page) * page;
+    let last = end / page * page;
     if last > first {
         // SAFETY: the map is private and read-only; dropped pages are read
         // again from the file if anything touches them later.
@@ -270,6 +270,21 @@ fn release(map: &Mmap, start: usize, end: usize) {
             map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first)
         };
     }
+}
+
+/// The system's page size (4 KiB on most Linux machines, 16 KiB on Apple
+/// Silicon and some Arm Linux kernels, 64 KiB on others): only whole pages
+/// inside a range can be released.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the system.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page)
+            .ok()
+            .filter(|&p| p > 0)
+            .unwrap_or(64 << 10)
+    })
 }
 
 /// Writes every tensor of a PyTorch checkpoint into a safetensors file,

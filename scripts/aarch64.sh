@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# recall on aarch64 (Apple Silicon's ISA, Graviton, Ampere), checked on an
+# x86-64 machine: cross-builds for aarch64-unknown-linux-gnu, runs clippy
+# for that target, and runs the unit and parity tests under qemu-aarch64
+# (correctness only: timings under emulation mean nothing).
+#
+# Installs what it needs: the Rust target (rustup) and Debian's cross
+# compiler, C library and qemu-user (apt-get, as root or through sudo).
+# Extra arguments go to every `cargo test`.
+#
+# Three emulated CPUs:
+# - `max`: every feature qemu has, I8MM among them, so q8 runs recall's
+#   smmla tile (Apple M2 on, Graviton 3 on) and f32 its NEON tile;
+# - `neoverse-n1` (Graviton 2; like Apple M1, the dot product without
+#   I8MM): q8's sdot tile;
+# - `cortex-a72` (Graviton 1, Raspberry Pi 4): no dot product, so q8 runs
+#   the portable loop.
+# Every q8 kernel must give the same integers (the unit tests compare them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=aarch64-unknown-linux-gnu
+sysroot=/usr/aarch64-linux-gnu
+
+rustup target add "$target" >/dev/null 2>&1 || rustup target add "$target"
+packages=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=()
+  [ "$(id -u)" = 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
+runner="qemu-aarch64 -L $sysroot"
+
+cargo clippy --target "$target" --all-targets -- -D warnings
+
+# The tests read this to find the real all-MiniLM-L6-v2 (scripts/test.sh
+# sets it).
+: "${RECALL_TEST_MINILM:=$(bash scripts/fetch_test_models.sh | tail -n 1)}"
+export RECALL_TEST_MINILM
+
+# The retrieval evaluation (tests/eval.rs) indexes its test history four
+# times with MiniLM: under qemu that ran over 14 minutes without finishing,
+# more than CI's time allows beside the x86 suite. Its vectors are the
+# parity tests' (f32 within 1e-5 of sentence-transformers and FlagEmbedding,
+# q8 the x86 kernels' integers), so it runs on x86 only unless asked for.
+tests=(--lib --test bge_m3_parity --test minilm)
+if [ "${RECALL_AARCH64_EVAL:-0}" = 1 ]; then
+  : "${RECALL_TEST_HERMES_PYTHON:=$(bash scripts/hermes_venv.sh | tail -n 1)}"
+  export RECALL_TEST_HERMES_PYTHON
+  tests+=(--test eval)
+else
+  echo "aarch64: tests/eval.rs not run under qemu (RECALL_AARCH64_EVAL=1 runs it: slow)"
+fi
+CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max" \
+  cargo test --target "$target" "$@" "${tests[@]}" -- --skip defaults_are_the_best_on_dev
+for cpu in neoverse-n1 cortex-a72; do
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu $cpu" \
+    cargo test --target "$target" "$@" --lib --test bge_m3_parity -- quant q8
+done
+
+# The binary says which kernels it picked on each.
+for cpu in max neoverse-n1 cortex-a72; do
+  echo "aarch64 (qemu -cpu $cpu):"
+  $runner -cpu "$cpu" "target/$target/debug/recall" --version | sed 's/^/  /'
+done
