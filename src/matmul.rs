@@ -775,9 +775,9 @@ unsafe fn tile_avx2<E: PackedWeight>(t: &Tile<E>) {
 
 /// The tile with NEON: four strips of 16 columns, each 6 rows × 4
 /// registers (24 of the 32), as `tile_avx2`'s on registers a quarter as
-/// wide. Per input position: 4 weight loads and 6 broadcast loads (`ld1r`)
-/// for 24 `fmla`. The same sums in the same order as `tile_avx2`, so the
-/// same floats.
+/// wide. Per input position: 4 weight loads (2 `ldp`) and 6 input loads
+/// (LLVM makes the broadcast an `fmla` by element) for 24 `fmla`. The
+/// same sums in the same order as `tile_avx2`.
 ///
 /// # Safety
 /// NEON; the pointers hold what `Tile` says.

@@ -20,10 +20,10 @@
 //! and nothing is reduced across lanes. Panels are split between threads.
 //!
 //! That tile needs AVX-512 VNNI (Intel since Ice Lake, AMD since Zen 4);
-//! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile, an
-//! aarch64 tile on the Armv8.2 dot product (`sdot`), one on I8MM's
-//! `smmla` and a portable loop
-//! compute the very same integers from the same weights (`Kernel`). The AVX2 tile needs activations within
+//! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile,
+//! aarch64 tiles on the Armv8.2 dot product (`sdot`) and on I8MM's `smmla`,
+//! and a portable loop compute the very same integers from the same
+//! weights (`Kernel`). The AVX2 tile needs activations within
 //! 0..=128, so CPUs that run it quantise them to 127 levels and give
 //! slightly different vectors (another revision: `Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
@@ -330,14 +330,15 @@ impl QLinear {
         }
         let kernel = Kernel::get();
         let mut rows = QuantRows::new(x, m, self.k, self.kp, kernel, &self.outliers.channels);
-        if matches!(kernel, Kernel::Sdot | Kernel::I8mm) {
-            rows.make_signed();
-        }
-        // A tile's rows in `rows.data`: kp bytes each, or for `tile_smmla`
-        // in pairs of 8-byte runs (`QuantRows::pair_rows`).
+        // A tile's rows in `rows.data`: kp bytes each, signed for the Arm
+        // tiles, and for `tile_smmla` in pairs of 8-byte runs.
         let row_bytes = match kernel {
+            Kernel::Sdot => {
+                rows.make_signed();
+                self.kp
+            }
             Kernel::I8mm => {
-                rows.pair_rows(self.kp);
+                rows.pair_signed(self.kp);
                 pair_row_bytes(self.kp)
             }
             _ => self.kp,
@@ -635,18 +636,19 @@ impl QuantRows {
     }
 
     /// The bytes as `q - 128`, signed, which is what `tile_sdot` multiplies
-    /// (`sdot` takes i8 × i8).
+    /// (`sdot` takes i8 × i8; `pair_signed` does the same for `smmla`).
     fn make_signed(&mut self) {
         self.data.par_chunks_mut(1 << 16).for_each(|c| {
             c.iter_mut().for_each(|q| *q ^= 0x80);
         });
     }
 
-    /// The rows as `tile_smmla` reads them: each pair of rows as runs of 8
-    /// bytes, the first row's then the second's (an `smmla` operand each),
+    /// The rows as `tile_smmla` reads them: signed as by `make_signed`
+    /// (in the same pass), each pair of rows as runs of 8 bytes, the first
+    /// row's then the second's (an `smmla` operand each),
     /// `pair_row_bytes(kp)` bytes a row; past `kp`, zeros.
-    fn pair_rows(&mut self, kp: usize) {
-        let kp8 = kp.next_multiple_of(8);
+    fn pair_signed(&mut self, kp: usize) {
+        let kp8 = pair_row_bytes(kp);
         let mut paired = vec![0u8; self.data.len() / kp * kp8];
         paired
             .par_chunks_mut(2 * kp8)
@@ -656,7 +658,9 @@ impl QuantRows {
                 for (h, run) in to.chunks_exact_mut(16).enumerate() {
                     for (row, half) in [first, second].into_iter().zip(run.chunks_exact_mut(8)) {
                         let part = row.get(8 * h..kp.min(8 * h + 8)).unwrap_or_default();
-                        half[..part.len()].copy_from_slice(part);
+                        for (to, &q) in half.iter_mut().zip(part) {
+                            *to = q ^ 0x80;
+                        }
                     }
                 }
             });
@@ -1053,7 +1057,7 @@ unsafe fn tile_sdot(tile: &Tile, out: *mut f32, stride: usize) {
     }
 }
 
-/// Bytes a row of activations takes in `QuantRows::pair_rows`'s layout.
+/// Bytes a row of activations takes in `QuantRows::pair_signed`'s layout.
 fn pair_row_bytes(kp: usize) -> usize {
     kp.next_multiple_of(8)
 }
@@ -1062,7 +1066,7 @@ fn pair_row_bytes(kp: usize) -> usize {
 /// to a 2×2 of i32): eight strips of 8 columns, each 3 pairs of rows × 4
 /// pairs of columns (12 accumulators). Per 8 positions, 4 weight loads and
 /// 4 `zip`s (two groups of the panel's 4-byte layout become a column's 8
-/// bytes) and 3 activation loads (rows paired by `QuantRows::pair_rows`)
+/// bytes) and 3 activation loads (rows paired by `QuantRows::pair_signed`)
 /// feed 12 `smmla`, 384 products: `tile_sdot` takes 10 loads and 24 `sdot`
 /// for as many. Signed activations and the same correction as `tile_sdot`,
 /// so the same integers.
@@ -1392,11 +1396,11 @@ pub(crate) mod tests {
             #[cfg(target_arch = "aarch64")]
             if std::arch::is_aarch64_feature_detected!("i8mm") {
                 let mut rows = QuantRows {
-                    data: data.iter().map(|&q| q ^ 0x80).collect(),
+                    data: data.clone(),
                     scales: vec![],
                     zeros: vec![],
                 };
-                rows.pair_rows(kp);
+                rows.pair_signed(kp);
                 let tile = Tile {
                     x: &rows.data[..TILE_ROWS * pair_row_bytes(kp)],
                     ..tile
