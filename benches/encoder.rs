@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use recall::bench::{DEFAULT_SHAPES, synthetic_inputs};
-use recall::{Embedder, LoadOptions, Outputs};
+use recall_engine::{Embedder, LoadOptions, Outputs};
 
 fn encoder(c: &mut Criterion) {
     let dir = std::env::var_os("RECALL_BENCH_MODEL")

@@ -39,7 +39,7 @@ export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
 runner="qemu-aarch64 -L $sysroot"
 
-cargo clippy --target "$target" --all-targets -- -D warnings
+cargo clippy --target "$target" --workspace --all-targets -- -D warnings
 
 # The tests read this to find the real all-MiniLM-L6-v2 (scripts/test.sh
 # sets it).
@@ -51,7 +51,7 @@ export RECALL_TEST_MINILM
 # more than CI's time allows beside the x86 suite. Its vectors are the
 # parity tests' (f32 within 1e-5 of sentence-transformers and FlagEmbedding,
 # q8 the x86 kernels' integers), so it runs on x86 only unless asked for.
-tests=(--lib --test bge_m3_parity --test minilm)
+tests=(--workspace --lib --test bge_m3_parity --test minilm)
 if [ "${RECALL_AARCH64_EVAL:-0}" = 1 ]; then
   : "${RECALL_TEST_HERMES_PYTHON:=$(bash scripts/hermes_venv.sh | tail -n 1)}"
   export RECALL_TEST_HERMES_PYTHON
@@ -63,7 +63,7 @@ CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max" \
   cargo test --target "$target" "$@" "${tests[@]}" -- --skip defaults_are_the_best_on_dev
 for cpu in neoverse-n1 cortex-a72; do
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu $cpu" \
-    cargo test --target "$target" "$@" --lib --test bge_m3_parity -- quant q8
+    cargo test --target "$target" "$@" --workspace --lib --test bge_m3_parity -- quant q8
 done
 
 # The binary says which kernels it picked on each.

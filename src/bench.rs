@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::embedder::{Embedder, Outputs};
-use crate::tokenize::Tokens;
+use recall_engine::tokenize::Tokens;
+use recall_engine::{Embedder, Outputs};
 
 /// `batch` inputs of `tokens` tokens each (special tokens included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,6 +31,9 @@ pub fn family_of(model: &str) -> String {
     name.to_ascii_lowercase()
 }
 
+/// `Identity::provider` of recall's own engine.
+pub const LOCAL_PROVIDER: &str = "local";
+
 /// What the vectors in an index are: never mix two of these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
@@ -77,7 +80,7 @@ impl Identity {
     /// the same space and chunking, and, from the same kind of provider, the
     /// very same local model (changed weights are another model, whatever their name).
     pub fn accepts(&self, other: &Identity) -> bool {
-        let both_local = self.provider == "local" && other.provider == "local";
+        let both_local = self.is_local() && other.is_local();
         // The very same local model is the same space whatever family an
         // older recall recorded for it (it once took the folder's name).
         let same_space = self.space() == other.space()
@@ -86,6 +89,11 @@ impl Identity {
             && self.chunk_tokens == other.chunk_tokens
             && self.chunk_overlap == other.chunk_overlap
             && (!both_local || self.embedding_key() == other.embedding_key())
+    }
+
+    /// Whether recall's own engine made these vectors.
+    pub fn is_local(&self) -> bool {
+        self.provider == LOCAL_PROVIDER
     }
 
     /// The part that decides the vectors (not the chunking): the embedding cache's namespace.

@@ -14,6 +14,7 @@
 //! change.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant, SystemTime};
@@ -169,6 +170,75 @@ fn signature(paths: &[PathBuf]) -> Signature {
         .collect()
 }
 
+/// A watch on its own thread (`recall serve --watch`).
+pub struct Background {
+    nudge: Nudge,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Background {
+    /// Starts `watch` on a thread of its own, indexing with `chain`.
+    pub fn spawn(
+        chain: Chain,
+        index_path: PathBuf,
+        profiles: Vec<Profile>,
+        options: IndexOptions,
+        timing: WatchOptions,
+        on_event: impl Fn(Event) + Send + 'static,
+    ) -> Result<Self> {
+        if is_watched(&index_path) {
+            bail!(
+                "another recall watch (or recall serve --watch) already follows {}",
+                index_path.display()
+            );
+        }
+        let (nudge, nudges) = nudge_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("recall-watch".into())
+            .spawn(move || {
+                watch(
+                    &chain,
+                    &index_path,
+                    &profiles,
+                    &options,
+                    timing,
+                    &nudges,
+                    &stopped,
+                    &on_event,
+                )
+            })?;
+        Ok(Self {
+            nudge,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Wakes the watch at once.
+    pub fn nudge(&self) -> Nudge {
+        self.nudge.clone()
+    }
+
+    /// Stops the watch after the run in progress, and waits for it.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Dropped without `stop` (the server failed to start), the watch is told
+/// to stop and left to finish on its own: the process is ending anyway.
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Indexes `profiles` into the index at `index_path` whenever Hermes writes,
 /// until `stop` is set. `on_event` hears of every run.
 #[allow(clippy::too_many_arguments)]
@@ -233,7 +303,10 @@ pub fn watch(
             } else {
                 waiting_reported = false;
                 let run = Store::open(index_path).and_then(|mut store| {
-                    index::run(chain, &mut store, profiles, options, &|_, _, _, _| {})
+                    let report =
+                        index::run(chain, &mut store, profiles, options, &|_, _, _, _| {})?;
+                    crate::search::vector::prepare(&store);
+                    Ok(report)
                 });
                 match run {
                     Ok(report) => {

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use recall::{Embedder, LoadOptions, Outputs, score};
+use recall_engine::{Embedder, LoadOptions, Outputs, score};
 use serde::Deserialize;
 
 const TOLERANCE: f32 = 1e-5;
@@ -274,15 +274,16 @@ fn q8_stays_close_to_flagembedding() {
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
     let embedder = load_q8(&tiny_model_dir(), cache.path()).unwrap();
-    assert_eq!(embedder.info().dtype, recall::Dtype::Q8);
+    assert_eq!(embedder.info().dtype, recall_engine::Dtype::Q8);
     let (dense_min, colbert_min) = closeness(&embedder, &reference);
     println!(
         "q8 vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.5}, ColBERT ≥ {colbert_min:.5}"
     );
-    let (dense_bar, colbert_bar) = match recall::quant::Kernel::get().activation_levels() {
-        255 => (0.9995, 0.999),
-        _ => (0.999, 0.998),
-    };
+    let (dense_bar, colbert_bar) =
+        match recall_engine::kernels::quant::Kernel::get().activation_levels() {
+            255 => (0.9995, 0.999),
+            _ => (0.999, 0.998),
+        };
     assert!(dense_min >= dense_bar, "dense cosine {dense_min}");
     assert!(colbert_min >= colbert_bar, "ColBERT cosine {colbert_min}");
 
@@ -290,7 +291,7 @@ fn q8_stays_close_to_flagembedding() {
     use recall::provider::local::identity_of;
     let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
     let (q8, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
-    let tag = recall::quant::Kernel::get().revision_tag();
+    let tag = recall_engine::kernels::quant::Kernel::get().revision_tag();
     assert_eq!(q8.revision, format!("{}+{tag}", f32.revision));
     assert!(!f32.accepts(&q8) && !q8.accepts(&f32));
     assert!(f32.differences(&q8).iter().any(|d| d.contains("+q8")));
@@ -306,12 +307,12 @@ fn q8_stays_close_to_flagembedding() {
 fn bf16_stays_close_to_flagembedding() {
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load_as(&tiny_model_dir(), cache.path(), recall::Dtype::Bf16).unwrap();
-    assert_eq!(embedder.info().dtype, recall::Dtype::Bf16);
+    let embedder = load_as(&tiny_model_dir(), cache.path(), recall_engine::Dtype::Bf16).unwrap();
+    assert_eq!(embedder.info().dtype, recall_engine::Dtype::Bf16);
     let (dense_min, colbert_min) = closeness(&embedder, &reference);
     println!(
         "bf16 ({:?}) vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.6}, ColBERT ≥ {colbert_min:.6}",
-        recall::bf16::Bf16Kernel::get()
+        recall_engine::kernels::bf16::Bf16Kernel::get()
     );
     assert!(dense_min >= 0.9995, "dense cosine {dense_min}");
     assert!(colbert_min >= 0.999, "ColBERT cosine {colbert_min}");

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use recall::index::chunk::{ChunkParams, chunk};
-use recall::tokenize::TextTokenizer;
+use recall_engine::tokenize::TextTokenizer;
 
 #[test]
 fn long_text_becomes_overlapping_windows_that_fit() {

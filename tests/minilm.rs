@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use recall::{Outputs, score};
+use recall_engine::{Outputs, score};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -105,7 +105,7 @@ fn minilm_paraphrases_score_above_unrelated_pairs() {
 /// f32 one on the real model, 0.998 on average, with 8-bit activations
 /// (measured 0.9990-0.9998, `RECALL_Q8=portable`) and with the AVX2 tile's
 /// 7-bit ones (0.9977-0.9995, `RECALL_Q8=avx2`): the outlier channels
-/// this model has (`recall::quant::outlier_channels`) are summed in f32.
+/// this model has (`recall_engine::kernels::quant::outlier_channels`) are summed in f32.
 #[test]
 fn minilm_q8_stays_close_to_sentence_transformers() {
     let reference = reference();
@@ -127,11 +127,11 @@ fn minilm_q8_stays_close_to_sentence_transformers() {
 fn minilm_bf16_stays_close_to_sentence_transformers() {
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load_as(&minilm_dir(), cache.path(), recall::Dtype::Bf16).unwrap();
+    let embedder = load_as(&minilm_dir(), cache.path(), recall_engine::Dtype::Bf16).unwrap();
     let cosines = cosines_to(&embedder, &reference);
     println!(
         "bf16 ({:?}) vs sentence-transformers f32, cosine per text: {cosines:?}",
-        recall::bf16::Bf16Kernel::get()
+        recall_engine::kernels::bf16::Bf16Kernel::get()
     );
     for (case, cos) in reference.cases.iter().zip(&cosines) {
         assert!(*cos >= 0.9995, "{:?}: cosine {cos}", case.text);
@@ -139,7 +139,7 @@ fn minilm_bf16_stays_close_to_sentence_transformers() {
 }
 
 /// Each reference text's dense cosine between `embedder` and the reference.
-fn cosines_to(embedder: &recall::Embedder, reference: &Reference) -> Vec<f32> {
+fn cosines_to(embedder: &recall_engine::Embedder, reference: &Reference) -> Vec<f32> {
     let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
     let got = embedder.embed(&texts, Outputs::DENSE).unwrap();
     reference

@@ -1,4 +1,4 @@
-//! Packed weights kept on disk (`recall::packcache`): a load from the pack
+//! Packed weights kept on disk (`recall_engine::packcache`): a load from the pack
 //! file gives the very vectors of a load that packs, a stale or damaged
 //! file is packed again, and a cache that cannot be written costs only
 //! speed.
@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::tiny_model_copy;
-use recall::{Dtype, Embedder, LoadOptions, Outputs};
+use recall_engine::{Dtype, Embedder, LoadOptions, Outputs};
 
 const TEXTS: &[&str] = &[
     "",
@@ -67,7 +67,7 @@ fn pack_files(cache: &Path) -> Vec<(PathBuf, u64)> {
 /// Whether `dtype`'s layers are packed on this CPU (else candle's matmul
 /// runs on tensors, and there is nothing to keep).
 fn packs(dtype: Dtype) -> bool {
-    dtype == Dtype::Q8 || recall::matmul::packed_available()
+    dtype == Dtype::Q8 || recall_engine::kernels::matmul::packed_available()
 }
 
 #[test]

@@ -609,17 +609,34 @@ impl Provider for FailingLocal {
     fn describe(&self) -> String {
         "the tiny model, failing".into()
     }
-    fn identity(&self) -> anyhow::Result<recall::space::Identity> {
+    fn identity(&self) -> Result<recall::space::Identity, recall::provider::Error> {
         self.inner.identity()
     }
-    fn embed(&self, inputs: &[Input], sparse: bool) -> anyhow::Result<Vec<Vector>> {
+    fn embed(
+        &self,
+        inputs: &[Input],
+        sparse: bool,
+    ) -> Result<Vec<Vector>, recall::provider::Error> {
         if self.calls.fetch_add(1, Ordering::SeqCst) >= self.after {
-            anyhow::bail!("out of memory (injected)");
+            return Err(anyhow::anyhow!("out of memory (injected)").into());
         }
         Provider::embed(&*self.inner, inputs, sparse)
     }
-    fn local(&self) -> Option<&recall::Embedder> {
-        Some(&self.inner)
+    fn capabilities(&self) -> recall::provider::Capabilities {
+        self.inner.capabilities()
+    }
+    fn tokenizer(&self) -> Option<&recall::engine::TextTokenizer> {
+        Provider::tokenizer(&*self.inner)
+    }
+    fn model_dir(&self) -> Option<&std::path::Path> {
+        self.inner.model_dir()
+    }
+    fn embed_outputs(
+        &self,
+        texts: &[&str],
+        outputs: recall::Outputs,
+    ) -> Result<Vec<recall::Embedding>, recall::provider::Error> {
+        self.inner.embed_outputs(texts, outputs)
     }
 }
 

@@ -3,8 +3,8 @@
 //! have) and without, through the `recall` binary as a user runs it, with
 //! the 8-bit activations of VNNI CPUs and the 7-bit ones of the AVX2 tile:
 //! its vectors against f32's, and its load-time check
-//! (`recall::calibrate`). The texts scored here are not the check's own
-//! (`recall::calibrate::TEXTS`), from which q8 also picks its outlier
+//! (`recall_engine::calibrate`). The texts scored here are not the check's own
+//! (`recall_engine::calibrate::TEXTS`), from which q8 also picks its outlier
 //! channels.
 
 mod common;
@@ -118,7 +118,11 @@ fn check_on(base: &Path, colbert: bool, predicts: bool) {
             let row = format!(
                 "{channels} ch x{factor} {kernel}: dense min {min:.5} mean {mean:.5}, ColBERT min {colbert_min:.5}; check {measured:.5} warned {warned}"
             );
-            assert_eq!(warned, measured < recall::calibrate::FIDELITY_BAR, "{row}");
+            assert_eq!(
+                warned,
+                measured < recall_engine::calibrate::FIDELITY_BAR,
+                "{row}"
+            );
             let dense_held = factor <= 10.0 && (min < 0.995 || mean < 0.998);
             let colbert_held = channels == 0 && colbert_min < 0.99;
             if dense_held || colbert_held || (predicts && !warned && min < 0.99) {

@@ -84,7 +84,8 @@ fn run_serve(args: &BenchArgs) -> Result<()> {
 
     // In-process: the passes the server can form at best, one input from
     // each client, for about half the time.
-    let passes: Vec<&[recall::tokenize::Tokens]> = load.chunks(args.clients.max(1)).collect();
+    let passes: Vec<&[recall_engine::tokenize::Tokens]> =
+        load.chunks(args.clients.max(1)).collect();
     embedder.embed_tokens(passes[0], Outputs::DENSE)?;
     let (started, mut tokens) = (Instant::now(), 0usize);
     for pass in passes.iter().cycle() {
@@ -102,7 +103,7 @@ fn run_serve(args: &BenchArgs) -> Result<()> {
                 .embed_tokens(&query, Outputs::DENSE)
                 .map(|_| t.elapsed().as_secs_f64() * 1e3)
         })
-        .collect::<Result<_>>()?;
+        .collect::<Result<_, _>>()?;
     drop(embedder);
 
     let mut child = std::process::Command::new(std::env::current_exe()?)
@@ -334,8 +335,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             info.weights.display(),
             match info.dtype {
                 recall::Dtype::F32 => "f32".to_string(),
-                recall::Dtype::Q8 => format!("q8, {:?} kernel", recall::quant::Kernel::get()),
-                recall::Dtype::Bf16 => match recall::bf16::Bf16Kernel::get() {
+                recall::Dtype::Q8 => format!(
+                    "q8, {:?} kernel",
+                    recall_engine::kernels::quant::Kernel::get()
+                ),
+                recall::Dtype::Bf16 => match recall_engine::kernels::bf16::Bf16Kernel::get() {
                     Some(kernel) => format!("bf16, {} kernel", kernel.describe()),
                     None => "bf16, candle's matmul on bf16-rounded weights".to_string(),
                 },

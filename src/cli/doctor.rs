@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::Args;
 use recall::index::store::Store;
-use recall::source::hermes::StateDb;
+use recall::source::hermes::{Profile, StateDb};
 
 use super::index::{HermesArgs, RoleArgs};
 use super::{ModelArgs, ProviderArgs};
@@ -67,8 +67,37 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         json: args.json,
         checks: Vec::new(),
     };
+    let profiles = check_hermes(&args, &mut r);
+    let index = check_index(&args, &profiles, &mut r)?;
+    check_model(&args, index.model_dir.clone(), &mut r);
+    check_providers(&args, &index, &mut r);
+    check_plugin(&args, &mut r);
+    if r.json {
+        println!(
+            "{}",
+            serde_json::json!({"problems": r.problems, "checks": r.checks})
+        );
+    }
+    if r.problems > 0 {
+        anyhow::bail!("{} problem(s) found", r.problems);
+    }
+    if !r.json {
+        println!("no problems found");
+    }
+    Ok(())
+}
 
-    // Hermes.
+/// What the index check found, for the checks after it.
+#[derive(Default)]
+struct IndexSeen {
+    store: Option<Store>,
+    identity: Option<recall::space::Identity>,
+    /// The model directory the index remembers.
+    model_dir: Option<std::path::PathBuf>,
+}
+
+/// Hermes's home and each profile's database; the profiles found.
+fn check_hermes(args: &DoctorArgs, r: &mut Report) -> Vec<Profile> {
     let profiles = match args.hermes.home() {
         Ok(home) if home.is_dir() => match args.hermes.profiles_even_missing() {
             Ok(p) => p,
@@ -117,12 +146,13 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             ),
         }
     }
+    profiles
+}
 
-    // The index.
+/// The index: it opens, whose vectors it holds, how far it lags Hermes.
+fn check_index(args: &DoctorArgs, profiles: &[Profile], r: &mut Report) -> Result<IndexSeen> {
     let index_path = args.hermes.index_path()?;
-    let mut identity = None;
-    let mut remembered = None;
-    let mut opened = None;
+    let mut seen = IndexSeen::default();
     if !index_path.is_file() {
         r.fail(
             "index",
@@ -164,9 +194,11 @@ pub fn run(args: DoctorArgs) -> Result<()> {
                         "check the Hermes profile above",
                     ),
                 }
-                identity = id;
-                remembered = model_dir;
-                opened = Some(store);
+                seen = IndexSeen {
+                    store: Some(store),
+                    identity: id,
+                    model_dir,
+                };
             }
             Err(e) => r.fail(
                 "index",
@@ -175,8 +207,12 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             ),
         }
     }
+    Ok(seen)
+}
 
-    // The local model: the one the local provider would load.
+/// The local model, the one the local provider would load: found, and its
+/// files as their manifest recorded them.
+fn check_model(args: &DoctorArgs, remembered: Option<std::path::PathBuf>, r: &mut Report) {
     use recall::model::locate;
     let configured = args
         .providers
@@ -185,9 +221,11 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         .and_then(|c| c.provider("local").ok())
         .and_then(|p| p.model)
         .map(std::path::PathBuf::from);
-    let model_dir = args.model.named_dir().or(configured).or(remembered
-        .clone()
-        .filter(|d| d.join("config.json").is_file()));
+    let model_dir = args
+        .model
+        .named_dir()
+        .or(configured)
+        .or(remembered.filter(|d| d.join("config.json").is_file()));
     match locate::locate(model_dir.as_deref()) {
         Ok(located) => match super::model::manifest_of(&located) {
             Ok(Some(manifest)) => match manifest.verify(&located.dir) {
@@ -215,14 +253,16 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             "run `recall model fetch` (2.3 GB), or use a provider that needs none: `--provider ollama`",
         ),
     }
+}
 
-    // Providers.
+/// Each provider of the chain: it answers, with vectors the index takes.
+fn check_providers(args: &DoctorArgs, index: &IndexSeen, r: &mut Report) {
     match super::providers::survey(
         &args.providers,
         &args.model,
-        identity.as_ref(),
-        opened.as_ref(),
-        remembered,
+        index.identity.as_ref(),
+        index.store.as_ref(),
+        index.model_dir.clone(),
     ) {
         Ok(survey) => {
             let rows = survey["providers"].as_array().cloned().unwrap_or_default();
@@ -260,8 +300,10 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         }
         Err(e) => r.fail("providers", format!("{e:#}"), "fix the configuration file"),
     }
+}
 
-    // The Hermes plugin and the server.
+/// The Hermes plugin: installed, this version, enabled.
+fn check_plugin(args: &DoctorArgs, r: &mut Report) {
     if let Ok(home) = args.hermes.home() {
         let profile = args
             .hermes
@@ -287,17 +329,4 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             (true, true, true) => r.ok("plugin", "installed and enabled".into()),
         }
     }
-    if r.json {
-        println!(
-            "{}",
-            serde_json::json!({"problems": r.problems, "checks": r.checks})
-        );
-    }
-    if r.problems > 0 {
-        anyhow::bail!("{} problem(s) found", r.problems);
-    }
-    if !r.json {
-        println!("no problems found");
-    }
-    Ok(())
 }

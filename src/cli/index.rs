@@ -156,7 +156,7 @@ impl ChunkArgs {
                 window: self.chunk_tokens.unwrap_or(id.chunk_tokens),
                 overlap: self.chunk_overlap.unwrap_or(id.chunk_overlap),
             },
-            None => self.params(chain.local().map(|e| e.info().max_length)),
+            None => self.params(chain.tokenizer().map(|t| t.max_length())),
         }
     }
 }
@@ -248,6 +248,7 @@ pub fn index_with(
             }
         };
         let report = index::run(&chain, &mut store, &profiles, &options, &progress)?;
+        recall::search::vector::prepare(&store);
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }

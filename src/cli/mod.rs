@@ -106,11 +106,13 @@ fn long_version() -> String {
         } else {
             features.join(", ")
         },
-        recall::matmul::PackedKernel::get().map_or("candle's matmul".to_string(), |k| format!(
-            "{k:?} packed tile"
-        )),
-        recall::bf16::Bf16Kernel::get().map_or("candle's matmul".to_string(), |k| k.describe()),
-        recall::quant::Kernel::get(),
+        recall_engine::kernels::matmul::PackedKernel::get()
+            .map_or("candle's matmul".to_string(), |k| format!(
+                "{k:?} packed tile"
+            )),
+        recall_engine::kernels::bf16::Bf16Kernel::get()
+            .map_or("candle's matmul".to_string(), |k| k.describe()),
+        recall_engine::kernels::quant::Kernel::get(),
     )
 }
 

@@ -210,240 +210,262 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 pub fn run(cmd: ModelCommand) -> Result<()> {
     match cmd.command {
-        ModelSub::Fetch { revision, retries } => {
-            if hub::offline_from_env() {
-                bail!(
-                    "HF_HUB_OFFLINE is set: recall will not download. Unset it, or import the model with `recall model import`"
-                );
-            }
-            let dir = fetch_default(&revision, retries)?;
-            println!("{}", dir.display());
-        }
-        ModelSub::Export { file, model } => {
-            let located = locate::locate(model.as_deref())?;
-            let manifest = match manifest_of(&located)? {
-                Some(m) => m,
-                None => {
-                    let files: Vec<&str> = BGE_M3_FILES
-                        .iter()
-                        .copied()
-                        .chain(["model.safetensors"])
-                        .filter(|f| located.dir.join(f).is_file())
-                        .collect();
-                    Manifest::of_dir(&located.dir, DEFAULT_REPO, &revision_of(&located), &files)?
-                }
-            };
-            let wrong = manifest.verify(&located.dir)?;
-            if let Some(w) = wrong.first() {
-                bail!(
-                    "{}: {} does not match its manifest ({}); run `recall model verify`",
-                    located.dir.display(),
-                    w.path,
-                    w.problem
-                );
-            }
-            eprintln!(
-                "writing {} files ({:.2} GB) to {}",
-                manifest.files.len(),
-                manifest.total_size() as f64 / 1e9,
-                file.display()
-            );
-            archive::export(&located.dir, &manifest, &file)?;
-            println!("{}", file.display());
-        }
+        ModelSub::Fetch { revision, retries } => fetch(&revision, retries),
+        ModelSub::Export { file, model } => export(&file, model.as_deref()),
         ModelSub::Import {
             source,
             repo,
             revision,
-        } => {
-            let hub_cache = locate::hub_cache_dir()
-                .context("cannot find the Hugging Face cache: set HF_HUB_CACHE")?;
-            let recall_cache = locate::recall_cache_dir()?;
-            let revision = revision.unwrap_or_else(|| dir_revision(&source));
-            let from = if source.is_dir() {
-                ImportSource::Dir {
-                    dir: &source,
-                    repo: &repo,
-                    revision: &revision,
-                }
-            } else if source.is_file() {
-                ImportSource::Tar(&source)
-            } else {
-                bail!("{}: no such file or directory", source.display());
+        } => import(&source, &repo, revision),
+        ModelSub::Verify { model, json } => verify(model.as_deref(), json),
+        ModelSub::List { json } => list(json),
+        ModelSub::Info { model, json } => info(model.as_deref(), json),
+    }
+}
+
+/// The default model into the Hugging Face cache.
+fn fetch(revision: &str, retries: usize) -> Result<()> {
+    if hub::offline_from_env() {
+        bail!(
+            "HF_HUB_OFFLINE is set: recall will not download. Unset it, or import the model with `recall model import`"
+        );
+    }
+    let dir = fetch_default(revision, retries)?;
+    println!("{}", dir.display());
+    Ok(())
+}
+
+/// A model, checked against its manifest, into one tar.
+fn export(file: &Path, model: Option<&Path>) -> Result<()> {
+    let located = locate::locate(model)?;
+    let manifest = match manifest_of(&located)? {
+        Some(m) => m,
+        None => {
+            let files: Vec<&str> = BGE_M3_FILES
+                .iter()
+                .copied()
+                .chain(["model.safetensors"])
+                .filter(|f| located.dir.join(f).is_file())
+                .collect();
+            Manifest::of_dir(&located.dir, DEFAULT_REPO, &revision_of(&located), &files)?
+        }
+    };
+    let wrong = manifest.verify(&located.dir)?;
+    if let Some(w) = wrong.first() {
+        bail!(
+            "{}: {} does not match its manifest ({}); run `recall model verify`",
+            located.dir.display(),
+            w.path,
+            w.problem
+        );
+    }
+    eprintln!(
+        "writing {} files ({:.2} GB) to {}",
+        manifest.files.len(),
+        manifest.total_size() as f64 / 1e9,
+        file.display()
+    );
+    archive::export(&located.dir, &manifest, file)?;
+    println!("{}", file.display());
+    Ok(())
+}
+
+/// A tar or a directory into the cache layout, checked and converted.
+fn import(source: &Path, repo: &str, revision: Option<String>) -> Result<()> {
+    let hub_cache =
+        locate::hub_cache_dir().context("cannot find the Hugging Face cache: set HF_HUB_CACHE")?;
+    let recall_cache = locate::recall_cache_dir()?;
+    let revision = revision.unwrap_or_else(|| dir_revision(source));
+    let from = if source.is_dir() {
+        ImportSource::Dir {
+            dir: source,
+            repo,
+            revision: &revision,
+        }
+    } else if source.is_file() {
+        ImportSource::Tar(source)
+    } else {
+        bail!("{}: no such file or directory", source.display());
+    };
+    let (dir, manifest) = archive::import(from, &hub_cache, &recall_cache)?;
+    eprintln!(
+        "verified {} files ({:.2} GB)",
+        manifest.files.len(),
+        manifest.total_size() as f64 / 1e9
+    );
+    convert(&dir, &recall_cache)?;
+    println!("{}", dir.display());
+    Ok(())
+}
+
+/// A model's files against their manifest, and the converted copy that runs.
+fn verify(model: Option<&Path>, json: bool) -> Result<()> {
+    let located = locate::locate(model)?;
+    let manifest = manifest_of(&located)?.with_context(|| {
+        format!(
+            "no manifest recorded for {}: recall records one when it fetches or imports a model",
+            located.dir.display()
+        )
+    })?;
+    let wrong = manifest.verify(&located.dir)?;
+    let mut files: Vec<serde_json::Value> = Vec::new();
+    for entry in &manifest.files {
+        let problem = wrong
+            .iter()
+            .find(|w| w.path == entry.path)
+            .map(|w| w.problem.clone());
+        if !json {
+            match &problem {
+                Some(p) => println!("WRONG {}: {p}", entry.path),
+                None => println!("ok    {}", entry.path),
+            }
+        }
+        files.push(serde_json::json!({"path": entry.path, "problem": problem}));
+    }
+    // What actually runs, when the checkpoint is not safetensors.
+    let recall_cache = locate::recall_cache_dir()?;
+    let mut converted = serde_json::Value::Null;
+    if let Some((copy, verdict)) =
+        ModelFiles::inspect(&located.dir)?.verify_converted(&recall_cache)?
+    {
+        let problem = verdict.err();
+        if let Some(why) = &problem {
+            convert(&located.dir, &recall_cache)?;
+            if !json {
+                println!("WRONG {} (the converted copy): {why}", copy.display());
+                println!("      converted again from the checkpoint");
+            }
+        } else if !json {
+            println!("ok    {} (the converted copy that runs)", copy.display());
+        }
+        converted = serde_json::json!({
+            "path": copy, "problem": problem, "converted_again": problem.is_some(),
+        });
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"model": located.dir, "files": files, "converted": converted})
+        );
+    }
+    if !wrong.is_empty() {
+        bail!(
+            "{} of {} files are wrong: run `recall model fetch` again (it re-downloads what is missing or \
+                 wrong after you delete it), or import a good copy",
+            wrong.len(),
+            manifest.files.len()
+        );
+    }
+    eprintln!("all {} files match the manifest", manifest.files.len());
+    Ok(())
+}
+
+/// The usable models in the Hugging Face cache.
+fn list(json: bool) -> Result<()> {
+    let hub_cache = locate::hub_cache_dir().context("cannot find the Hugging Face cache")?;
+    let default = locate::locate(None).ok();
+    let mut any = false;
+    for entry in std::fs::read_dir(&hub_cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(repo) = name.strip_prefix("models--").map(|r| r.replace("--", "/")) else {
+            continue;
+        };
+        for snap in std::fs::read_dir(entry.path().join("snapshots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = snap.path();
+            let Ok(files) = ModelFiles::inspect(&dir) else {
+                continue;
             };
-            let (dir, manifest) = archive::import(from, &hub_cache, &recall_cache)?;
-            eprintln!(
-                "verified {} files ({:.2} GB)",
-                manifest.files.len(),
-                manifest.total_size() as f64 / 1e9
-            );
-            convert(&dir, &recall_cache)?;
-            println!("{}", dir.display());
-        }
-        ModelSub::Verify { model, json } => {
-            let located = locate::locate(model.as_deref())?;
-            let manifest = manifest_of(&located)?.with_context(|| {
-                format!(
-                    "no manifest recorded for {}: recall records one when it fetches or imports a model",
-                    located.dir.display()
-                )
-            })?;
-            let wrong = manifest.verify(&located.dir)?;
-            let mut files: Vec<serde_json::Value> = Vec::new();
-            for entry in &manifest.files {
-                let problem = wrong
-                    .iter()
-                    .find(|w| w.path == entry.path)
-                    .map(|w| w.problem.clone());
-                if !json {
-                    match &problem {
-                        Some(p) => println!("WRONG {}: {p}", entry.path),
-                        None => println!("ok    {}", entry.path),
-                    }
-                }
-                files.push(serde_json::json!({"path": entry.path, "problem": problem}));
-            }
-            // What actually runs, when the checkpoint is not safetensors.
-            let recall_cache = locate::recall_cache_dir()?;
-            let mut converted = serde_json::Value::Null;
-            if let Some((copy, verdict)) =
-                ModelFiles::inspect(&located.dir)?.verify_converted(&recall_cache)?
-            {
-                let problem = verdict.err();
-                if let Some(why) = &problem {
-                    convert(&located.dir, &recall_cache)?;
-                    if !json {
-                        println!("WRONG {} (the converted copy): {why}", copy.display());
-                        println!("      converted again from the checkpoint");
-                    }
-                } else if !json {
-                    println!("ok    {} (the converted copy that runs)", copy.display());
-                }
-                converted = serde_json::json!({
-                    "path": copy, "problem": problem, "converted_again": problem.is_some(),
-                });
-            }
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"model": located.dir, "files": files, "converted": converted})
-                );
-            }
-            if !wrong.is_empty() {
-                bail!(
-                    "{} of {} files are wrong: run `recall model fetch` again (it re-downloads what is missing or \
-                     wrong after you delete it), or import a good copy",
-                    wrong.len(),
-                    manifest.files.len()
-                );
-            }
-            eprintln!("all {} files match the manifest", manifest.files.len());
-        }
-        ModelSub::List { json } => {
-            let hub_cache =
-                locate::hub_cache_dir().context("cannot find the Hugging Face cache")?;
-            let default = locate::locate(None).ok();
-            let mut any = false;
-            for entry in std::fs::read_dir(&hub_cache)
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(repo) = name.strip_prefix("models--").map(|r| r.replace("--", "/")) else {
-                    continue;
-                };
-                for snap in std::fs::read_dir(entry.path().join("snapshots"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                {
-                    let dir = snap.path();
-                    let Ok(files) = ModelFiles::inspect(&dir) else {
-                        continue;
-                    };
-                    any = true;
-                    let is_default = default.as_ref().is_some_and(|d| d.dir == dir);
-                    let revision = snap.file_name().to_string_lossy().into_owned();
-                    let outputs = if files.heads.is_some() {
-                        "dense+sparse+colbert"
-                    } else {
-                        "dense"
-                    };
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::json!({
-                                "repo": repo, "revision": revision, "default": is_default,
-                                "bytes": dir_size(&dir), "dimension": files.encoder.hidden_size,
-                                "outputs": outputs.split('+').collect::<Vec<_>>(), "dir": dir,
-                            })
-                        );
-                        continue;
-                    }
-                    println!(
-                        "{} {repo}@{revision} {:.2} GB {} dims, {outputs} {}",
-                        if is_default { "*" } else { " " },
-                        dir_size(&dir) as f64 / 1e9,
-                        files.encoder.hidden_size,
-                        dir.display()
-                    );
-                }
-            }
-            if !any && !json {
-                println!(
-                    "no usable model in {} (fetch one with `recall model fetch`)",
-                    hub_cache.display()
-                );
-            }
-        }
-        ModelSub::Info { model, json } => {
-            let located = locate::locate(model.as_deref())?;
-            let embedder = recall::Embedder::load(&located.dir, &recall::LoadOptions::default())?;
-            let info = embedder.info();
-            let outputs: Vec<&str> = if info.sparse {
-                vec!["dense", "sparse", "colbert"]
+            any = true;
+            let is_default = default.as_ref().is_some_and(|d| d.dir == dir);
+            let revision = snap.file_name().to_string_lossy().into_owned();
+            let outputs = if files.heads.is_some() {
+                "dense+sparse+colbert"
             } else {
-                vec!["dense"]
-            };
-            let found_by = match &located.origin {
-                Origin::Flag => "--model",
-                Origin::Env => "RECALL_MODEL",
-                Origin::HubCache { .. } => "Hugging Face cache (default)",
+                "dense"
             };
             if json {
                 println!(
                     "{}",
                     serde_json::json!({
-                        "model": located.dir, "found_by": found_by, "revision": revision_of(&located),
-                        "type": info.model_type, "bytes": dir_size(&located.dir), "weights": info.weights,
-                        "dimension": info.dense_dim, "colbert_dimension": info.colbert_dim,
-                        "outputs": outputs, "max_length": info.model_max_length,
-                        "load_seconds": info.load_time.as_secs_f64(), "pack_file": info.pack_file,
+                        "repo": repo, "revision": revision, "default": is_default,
+                        "bytes": dir_size(&dir), "dimension": files.encoder.hidden_size,
+                        "outputs": outputs.split('+').collect::<Vec<_>>(), "dir": dir,
                     })
                 );
-                return Ok(());
+                continue;
             }
-            println!("model:       {}", located.dir.display());
-            println!("found by:    {found_by}");
-            println!("revision:    {}", revision_of(&located));
-            println!("type:        {}", info.model_type);
-            println!("size:        {:.2} GB", dir_size(&located.dir) as f64 / 1e9);
-            println!("weights:     {}", info.weights.display());
             println!(
-                "dimensions:  {}{}",
-                info.dense_dim,
-                info.colbert_dim
-                    .map(|d| format!(" (colbert {d})"))
-                    .unwrap_or_default()
+                "{} {repo}@{revision} {:.2} GB {} dims, {outputs} {}",
+                if is_default { "*" } else { " " },
+                dir_size(&dir) as f64 / 1e9,
+                files.encoder.hidden_size,
+                dir.display()
             );
-            println!("outputs:     {}", outputs.join(", "));
-            println!("max length:  {} tokens", info.model_max_length);
-            if let Some(pack) = &info.pack_file {
-                println!("packed:      {}", pack.display());
-            }
-            println!("loaded in:   {:.2}s", info.load_time.as_secs_f64());
         }
     }
+    if !any && !json {
+        println!(
+            "no usable model in {} (fetch one with `recall model fetch`)",
+            hub_cache.display()
+        );
+    }
+    Ok(())
+}
+
+/// What a model is, loaded.
+fn info(model: Option<&Path>, json: bool) -> Result<()> {
+    let located = locate::locate(model)?;
+    let embedder = recall::Embedder::load(&located.dir, &recall::LoadOptions::default())?;
+    let info = embedder.info();
+    let outputs: Vec<&str> = if info.sparse {
+        vec!["dense", "sparse", "colbert"]
+    } else {
+        vec!["dense"]
+    };
+    let found_by = match &located.origin {
+        Origin::Flag => "--model",
+        Origin::Env => "RECALL_MODEL",
+        Origin::HubCache { .. } => "Hugging Face cache (default)",
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": located.dir, "found_by": found_by, "revision": revision_of(&located),
+                "type": info.model_type, "bytes": dir_size(&located.dir), "weights": info.weights,
+                "dimension": info.dense_dim, "colbert_dimension": info.colbert_dim,
+                "outputs": outputs, "max_length": info.model_max_length,
+                "load_seconds": info.load_time.as_secs_f64(), "pack_file": info.pack_file,
+            })
+        );
+        return Ok(());
+    }
+    println!("model:       {}", located.dir.display());
+    println!("found by:    {found_by}");
+    println!("revision:    {}", revision_of(&located));
+    println!("type:        {}", info.model_type);
+    println!("size:        {:.2} GB", dir_size(&located.dir) as f64 / 1e9);
+    println!("weights:     {}", info.weights.display());
+    println!(
+        "dimensions:  {}{}",
+        info.dense_dim,
+        info.colbert_dim
+            .map(|d| format!(" (colbert {d})"))
+            .unwrap_or_default()
+    );
+    println!("outputs:     {}", outputs.join(", "));
+    println!("max length:  {} tokens", info.model_max_length);
+    if let Some(pack) = &info.pack_file {
+        println!("packed:      {}", pack.display());
+    }
+    println!("loaded in:   {:.2}s", info.load_time.as_secs_f64());
     Ok(())
 }

@@ -131,10 +131,10 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
         .chain_with(&args.model, store.model_dir()?, false, true)?;
     let provider = match (Signals::from(args.signals), store.identity()?) {
         (Signals::Keyword, _) | (_, None) => None,
-        (_, Some(_)) => match search::query_provider(&chain, &store)? {
-            search::QueryEmbedder::Ready(p) => Some(p),
+        (_, Some(_)) => match recall::index::query_provider(&chain, &store)? {
+            recall::index::QueryEmbedder::Ready(p) => Some(p),
             // Keyword search still finds exact words: better than nothing, and said.
-            search::QueryEmbedder::Unavailable(unavailable)
+            recall::index::QueryEmbedder::Unavailable(unavailable)
                 if Signals::from(args.signals) == Signals::Hybrid && !args.rerank =>
             {
                 eprintln!(
@@ -142,7 +142,7 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
                 );
                 None
             }
-            search::QueryEmbedder::Unavailable(unavailable) => bail!("{unavailable}"),
+            recall::index::QueryEmbedder::Unavailable(unavailable) => bail!("{unavailable}"),
         },
     };
     let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {

@@ -2,12 +2,15 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use recall::index::IndexOptions;
-use recall::serve::{DEFAULT_PORT, ServeConfig, WatchJob, serve};
-use recall::watch::WatchOptions;
+use recall::provider::Chain;
+use recall::provider::local::Local;
+use recall::serve::{DEFAULT_PORT, ServeConfig, serve};
+use recall::watch::{Background, Event, WatchOptions};
 
 use super::ModelArgs;
 use super::index::ChunkArgs;
@@ -107,15 +110,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if let Some(index) = &index {
             recall::index::check_sources(index, &profiles)?;
         }
-        Some(WatchJob {
-            profiles,
-            options: IndexOptions {
-                selection: recall::source::hermes::Selection::default(),
-                chunk: args.chunk.params(Some(embedder.info().max_length)),
-                rebuild: false,
-            },
-            timing: WatchOptions::default(),
-        })
+        let options = IndexOptions {
+            selection: recall::source::hermes::Selection::default(),
+            chunk: args.chunk.params(Some(embedder.info().max_length)),
+            rebuild: false,
+        };
+        Some((profiles, options))
     } else {
         None
     };
@@ -147,8 +147,46 @@ pub fn run(args: ServeArgs) -> Result<()> {
         index,
     };
     config.check()?;
-    tokio::runtime::Builder::new_multi_thread()
+    let embedder = Arc::new(embedder);
+    // The server's own model indexes: the one it loaded.
+    let watcher = match (watch, &config.index) {
+        (Some((profiles, options)), Some(index)) => {
+            let chain = Chain::new(vec![Arc::new(Local::from_embedder(
+                "local",
+                None,
+                embedder.clone(),
+            ))]);
+            let report = |event: Event| {
+                if let Some(line) = event.describe() {
+                    eprintln!("recall serve: {line}");
+                }
+            };
+            let started = Background::spawn(
+                chain,
+                index.clone(),
+                profiles,
+                options,
+                WatchOptions::default(),
+                report,
+            );
+            Some(started.context("--watch")?)
+        }
+        (Some(_), None) => bail!("--watch needs an index: pass --index PATH or --hermes-home DIR"),
+        (None, _) => None,
+    };
+    let nudge = watcher.as_ref().map(|w| {
+        let nudge = w.nudge();
+        Box::new(move || nudge.nudge()) as recall::serve::Nudge
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(serve(embedder, config, watch))
+        .build()?;
+    // On an error (the port taken), dropping the watcher only tells it to
+    // stop: waiting for a first run over a long history would hang the exit.
+    runtime.block_on(serve(embedder, config, nudge))?;
+    if let Some(watcher) = watcher {
+        watcher.stop();
+    }
+    eprintln!("recall serve: stopped");
+    Ok(())
 }

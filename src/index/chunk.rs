@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 
-use crate::tokenize::TextTokenizer;
+use recall_engine::tokenize::TextTokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkParams {
@@ -134,7 +134,7 @@ fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
     // Costs in thirds of a token: CJK 3, other visible characters 1.
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let cost = |c: char| -> usize {
-        if crate::tokenize::is_cjk(c) {
+        if recall_engine::tokenize::is_cjk(c) {
             3
         } else if c.is_whitespace() {
             0
@@ -199,7 +199,7 @@ mod tests {
         assert!(chunks.len() > 3);
         for c in &chunks {
             assert!(
-                crate::tokenize::estimate_tokens(c) <= params.window + 1,
+                recall_engine::tokenize::estimate_tokens(c) <= params.window + 1,
                 "{c:?}"
             );
         }

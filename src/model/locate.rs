@@ -37,19 +37,7 @@ pub fn hub_cache_dir() -> Option<PathBuf> {
     home_dir().map(|h| h.join(".cache").join("huggingface").join("hub"))
 }
 
-/// recall's own cache (converted weights): `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.
-pub fn recall_cache_dir() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("RECALL_CACHE_DIR").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir).join("recall"));
-    }
-    Ok(home_dir()
-        .context("cannot find a cache directory: set RECALL_CACHE_DIR or HOME")?
-        .join(".cache")
-        .join("recall"))
-}
+pub use recall_engine::paths::recall_cache_dir;
 
 /// Resolves the model directory: `flag`, then `RECALL_MODEL`, then BAAI/bge-m3 in the hub cache.
 pub fn locate(flag: Option<&Path>) -> Result<Located> {

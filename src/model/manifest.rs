@@ -1,12 +1,10 @@
 //! What a model's files must be: their sizes and SHA-256, recorded at fetch
 //! or export time and checked by `recall model verify` and `import`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileEntry {
@@ -30,22 +28,7 @@ pub struct Mismatch {
     pub problem: String,
 }
 
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-    }
-    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
+pub use recall_engine::model::sha256_file;
 
 /// A 64-digit hex string: the hub's LFS ETag is the file's SHA-256.
 pub fn is_sha256(s: &str) -> bool {

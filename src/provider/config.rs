@@ -379,18 +379,19 @@ impl Provider for RemoteProvider {
         self.remote.describe()
     }
 
-    fn identity(&self) -> Result<Identity> {
+    fn identity(&self) -> Result<Identity, super::Error> {
         if let Some(var) = &self.missing_key {
-            bail!(
+            return Err(anyhow::anyhow!(
                 "no API key: set {var}, or api_key_env in [providers.{}]",
                 self.remote.name
-            );
+            )
+            .into());
         }
-        self.remote.identity()
+        Ok(self.remote.identity()?)
     }
 
-    fn embed(&self, inputs: &[Input], _sparse: bool) -> Result<Vec<Vector>> {
+    fn embed(&self, inputs: &[Input], _sparse: bool) -> Result<Vec<Vector>, super::Error> {
         self.identity()?;
-        self.remote.embed(inputs)
+        Ok(self.remote.embed(inputs)?)
     }
 }

@@ -68,7 +68,7 @@ impl Default for Policy {
 
 /// Marks an error where the provider refused the request itself (400, 404,
 /// 413, 422: an input too long, a content filter): the provider works, this
-/// input will never pass. Find it with `anyhow::Error::downcast_ref`.
+/// input will never pass. `provider::Error::Rejected` carries it.
 #[derive(Debug)]
 pub struct Rejected;
 

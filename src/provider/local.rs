@@ -1,14 +1,16 @@
 //! recall's own engine as a provider. The model is loaded on first use, so
 //! a chain that never needs it never pays for it.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 
-use super::{Input, Kind, Provider, Vector, family_of};
-use crate::embedder::{Embedder, Outputs};
+use super::{Capabilities, Error, Input, Kind, Provider, Vector, family_of};
 use crate::space::Identity;
+use recall_engine::tokenize::TextTokenizer;
+use recall_engine::{Embedder, Embedding, Outputs};
 
 type Loader = Box<dyn Fn() -> Result<Embedder> + Send + Sync>;
 
@@ -108,7 +110,10 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
         // bf16 vectors are f32's within 0.9995 cosine (docs/bf16.md): the
         // same space, and the same index.
         crate::Dtype::F32 | crate::Dtype::Bf16 => revision,
-        crate::Dtype::Q8 => format!("{revision}+{}", crate::quant::Kernel::get().revision_tag()),
+        crate::Dtype::Q8 => format!(
+            "{revision}+{}",
+            recall_engine::kernels::quant::Kernel::get().revision_tag()
+        ),
     };
     // A model is known by what it is, not by its folder's name: one with
     // BGE-M3's heads is BGE-M3, as `recall serve` names it to its clients.
@@ -149,16 +154,29 @@ impl Provider for Local {
         }
     }
 
-    fn identity(&self) -> Result<Identity> {
+    fn identity(&self) -> Result<Identity, Error> {
         Ok(identity_of(self.embedder()?, self.family.as_deref()))
     }
 
-    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>> {
+    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>, Error> {
         Provider::embed(self.embedder()?, inputs, sparse)
     }
 
-    fn local(&self) -> Option<&Embedder> {
-        self.embedder().ok()
+    fn capabilities(&self) -> Capabilities {
+        self.embedder()
+            .map_or_else(|_| Capabilities::default(), |e| e.capabilities())
+    }
+
+    fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.embedder().ok().map(|e| e.tokenizer())
+    }
+
+    fn model_dir(&self) -> Option<&Path> {
+        self.embedder().ok().map(|e| e.info().dir.as_path())
+    }
+
+    fn embed_outputs(&self, texts: &[&str], outputs: Outputs) -> Result<Vec<Embedding>, Error> {
+        self.embedder()?.embed_outputs(texts, outputs)
     }
 }
 
@@ -180,11 +198,11 @@ impl Provider for Embedder {
         }
     }
 
-    fn identity(&self) -> Result<Identity> {
+    fn identity(&self) -> Result<Identity, Error> {
         Ok(identity_of(self, None))
     }
 
-    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>> {
+    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>, Error> {
         let tokens = inputs
             .iter()
             .map(|i| match i.tokens {
@@ -203,7 +221,8 @@ impl Provider for Embedder {
                 "the model returned {} embeddings for {} inputs",
                 embedded.len(),
                 inputs.len()
-            ));
+            )
+            .into());
         }
         Ok(embedded
             .into_iter()
@@ -215,7 +234,23 @@ impl Provider for Embedder {
             .collect())
     }
 
-    fn local(&self) -> Option<&Embedder> {
-        Some(self)
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sparse: self.info().sparse,
+            colbert: self.info().colbert_dim.is_some(),
+        }
+    }
+
+    fn tokenizer(&self) -> Option<&TextTokenizer> {
+        Some(Embedder::tokenizer(self))
+    }
+
+    fn model_dir(&self) -> Option<&Path> {
+        Some(&self.info().dir)
+    }
+
+    fn embed_outputs(&self, texts: &[&str], outputs: Outputs) -> Result<Vec<Embedding>, Error> {
+        self.check_outputs(outputs)?;
+        Ok(self.embed(texts, outputs)?)
     }
 }

@@ -8,6 +8,7 @@
 //! falls back to providers of that space.
 
 pub mod config;
+mod error;
 pub mod http;
 pub mod local;
 pub mod ollama;
@@ -15,16 +16,18 @@ pub mod openai;
 pub mod remote;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 
-use crate::embedder::{Embedder, Embedding, Outputs};
 use crate::space::Identity;
-use crate::tokenize::Tokens;
+use recall_engine::tokenize::{TextTokenizer, Tokens};
+use recall_engine::{Embedding, Outputs};
 
 pub use config::{Config, ProviderConfig};
+pub use error::Error;
 
 pub use crate::space::{Space, family_of};
 
@@ -47,7 +50,7 @@ pub enum Kind {
 impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::Local => "local",
+            Kind::Local => crate::space::LOCAL_PROVIDER,
             Kind::Ollama => "ollama",
             Kind::Openai => "openai",
         }
@@ -82,42 +85,70 @@ pub trait Provider: Send + Sync {
     /// The identity of this provider's vectors, for binding an index and the
     /// embedding cache. Loads the model or contacts the server when needed:
     /// an error means the provider is unavailable now.
-    fn identity(&self) -> Result<Identity>;
+    fn identity(&self) -> Result<Identity, Error>;
     /// Embeds `inputs` (dense, plus sparse weights when `sparse` and the
     /// provider has them). Exactly one vector per input, or an error.
-    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>>;
-    /// recall's own engine, for what only it gives (ColBERT, sparse queries, token ids).
-    fn local(&self) -> Option<&Embedder> {
+    fn embed(&self, inputs: &[Input], sparse: bool) -> Result<Vec<Vector>, Error>;
+    /// What it gives beyond dense vectors. The local engine loads its model
+    /// to say; unavailable now, a provider gives nothing more.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+    /// The tokenizer its model reads with (the local engine's): chunks are
+    /// then cut by the model's own tokens, else by an estimate.
+    fn tokenizer(&self) -> Option<&TextTokenizer> {
+        None
+    }
+    /// The model directory it runs from, when it runs one here (an index
+    /// records it, so later runs without `--model` use the same).
+    fn model_dir(&self) -> Option<&Path> {
         None
     }
 
-    /// The query's embedding with `outputs` (ColBERT and sparse from the local engine only).
-    fn embed_query(&self, query: &str, outputs: Outputs) -> Result<Embedding> {
-        if let Some(local) = self.local() {
-            local.check_outputs(outputs)?;
-            return local
-                .embed(&[query], outputs)?
-                .pop()
-                .ok_or_else(|| anyhow!("the model returned no embedding for the query"));
+    /// `texts` embedded with `outputs`: sparse weights and ColBERT vectors
+    /// where `capabilities` has them (a query, passages to rerank). A
+    /// provider of dense vectors only leaves the others `None`.
+    fn embed_outputs(&self, texts: &[&str], outputs: Outputs) -> Result<Vec<Embedding>, Error> {
+        let inputs: Vec<Input> = texts
+            .iter()
+            .map(|&text| Input { text, tokens: None })
+            .collect();
+        let vectors = self.embed(&inputs, false)?;
+        if vectors.len() != texts.len() {
+            return Err(anyhow!(
+                "{} returned {} embeddings for {} inputs",
+                self.name(),
+                vectors.len(),
+                texts.len()
+            )
+            .into());
         }
-        let v = self
-            .embed(
-                &[Input {
-                    text: query,
-                    tokens: None,
-                }],
-                false,
-            )?
-            .pop()
-            .ok_or_else(|| anyhow!("{} returned no embedding for the query", self.name()))?;
-        Ok(Embedding {
-            dense: Some(v.dense),
-            sparse: None,
-            colbert: None,
-            tokens: v.tokens,
-            truncated: false,
-        })
+        Ok(vectors
+            .into_iter()
+            .map(|v| Embedding {
+                dense: outputs.dense.then_some(v.dense),
+                sparse: None,
+                colbert: None,
+                tokens: v.tokens,
+                truncated: false,
+            })
+            .collect())
     }
+
+    /// The query's embedding with `outputs` (`embed_outputs` of one text).
+    fn embed_query(&self, query: &str, outputs: Outputs) -> Result<Embedding, Error> {
+        self.embed_outputs(&[query], outputs)?
+            .pop()
+            .ok_or_else(|| anyhow!("{} returned no embedding for the query", self.name()).into())
+    }
+}
+
+/// What a provider gives beyond dense vectors: BGE-M3's sparse lexical
+/// weights and ColBERT vectors (recall's own engine on a BGE-M3 model).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub sparse: bool,
+    pub colbert: bool,
 }
 
 /// Checks a provider's answer before anything is stored: one finite vector
@@ -204,13 +235,13 @@ impl Chain {
         &self.providers
     }
 
-    /// The first local engine in the chain that loads: its tokenizer cuts
-    /// chunks, whichever provider embeds them.
-    pub fn local(&self) -> Option<&Embedder> {
+    /// The tokenizer of the first local engine in the chain that loads: it
+    /// cuts chunks, whichever provider embeds them.
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
         self.providers
             .iter()
             .filter(|p| p.kind() == Kind::Local)
-            .find_map(|p| p.local())
+            .find_map(|p| p.tokenizer())
     }
 }
 

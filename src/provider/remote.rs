@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::http::{Client, Policy};
 use super::{Input, Kind, Vector, check_vectors, family_of};
 use crate::space::Identity;
-use crate::tokenize::estimate_tokens;
+use recall_engine::tokenize::estimate_tokens;
 
 /// One wire format: how to ask, and how to read the vectors out of the answer.
 pub trait Api: Send + Sync {

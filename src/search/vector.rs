@@ -40,6 +40,24 @@ pub enum Strategy {
     Auto,
 }
 
+/// Brings search's derived data up to date after indexing: a large index is
+/// searched through its code file, so it is written now rather than in the
+/// first search. Without it search is slower, not wrong, so a failure is a
+/// warning. (Indexing leaves this to its callers: the index never reaches
+/// into search's files.)
+pub fn prepare(store: &Store) {
+    let refresh = binary::approximate_len(store).and_then(|n| {
+        if n >= EXACT_BELOW {
+            CodeFile::open(store).map(drop)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = refresh {
+        tracing::warn!("{e:#}");
+    }
+}
+
 /// The `k` nearest chunks to `query`: (chunk id, L2 distance), nearest first.
 pub fn knn(store: &Store, query: &[f32], k: usize, strategy: Strategy) -> Result<Vec<(i64, f32)>> {
     let k = k.clamp(1, K_MAX);
@@ -144,7 +162,10 @@ pub fn sample_similarities(
         if out.last().is_none_or(|(prev, _)| *prev != id)
             && let Some(v) = vectors.get_by_text(id, &text)?
         {
-            out.push((id, super::l2_to_similarity(l2(query, &v), normalized)));
+            out.push((
+                id,
+                super::candidates::l2_to_similarity(l2(query, &v), normalized),
+            ));
         }
     }
     Ok(out)

@@ -18,8 +18,8 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use super::metrics::Metrics;
-use crate::embedder::{Embedder, Embedding, Outputs};
-use crate::tokenize::Tokens;
+use recall_engine::tokenize::Tokens;
+use recall_engine::{Embedder, Embedding, Outputs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, Dialect, Inputs, Shared, nanos, parse_body};
-use crate::embedder::Outputs;
+use recall_engine::Outputs;
 
 /// The Ollama API version this server speaks (`/api/embed` arrived in 0.3.0).
 const OLLAMA_VERSION: &str = "0.12.0";

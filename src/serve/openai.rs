@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, Dialect, Inputs, Shared, parse_body};
-use crate::embedder::Outputs;
+use recall_engine::Outputs;
 
 pub fn routes() -> Router<Shared> {
     Router::new()

@@ -155,7 +155,7 @@ async fn search_sessions(State(state): State<Shared>, body: Bytes) -> Response {
 async fn index_now(State(state): State<Shared>) -> Response {
     match &state.nudge {
         Some(nudge) => {
-            nudge.nudge();
+            nudge();
             (StatusCode::ACCEPTED, Json(json!({"status": "queued"}))).into_response()
         }
         None => ApiError::new(

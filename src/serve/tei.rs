@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, Dialect, Inputs, Shared, parse_body};
-use crate::embedder::{Embedding, Outputs};
+use recall_engine::{Embedding, Outputs};
 
 pub fn routes() -> Router<Shared> {
     Router::new()

@@ -20,6 +20,10 @@ use rusqlite::{Connection, OpenFlags};
 
 /// Sources whose sessions Hermes's own search never shows.
 pub const HIDDEN_SOURCES: [&str; 3] = ["kanban", "subagent", "tool"];
+
+/// The source of sessions Hermes's scheduler started (not a person's turn):
+/// search ranks them below a person's sessions.
+pub const CRON_SOURCE: &str = "cron";
 /// Hermes indexes only this much of a tool result.
 pub const TOOL_CONTENT_CHARS: usize = 8192;
 const PAGE: i64 = 2000;

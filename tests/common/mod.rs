@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use recall::{Embedder, LoadOptions};
+use recall_engine::{Embedder, LoadOptions};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -39,7 +39,7 @@ fn copy_dir(src: &Path, dst: &Path, skip: &[&str]) {
 }
 
 /// Loads a model with converted weights cached under `cache`.
-pub fn load(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
+pub fn load(dir: &Path, cache: &Path) -> recall_engine::Result<Embedder> {
     Embedder::load(
         dir,
         &LoadOptions {
@@ -50,12 +50,16 @@ pub fn load(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
 }
 
 /// `load`, with the encoder's linear layers in int8 (`--dtype q8`).
-pub fn load_q8(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
-    load_as(dir, cache, recall::Dtype::Q8)
+pub fn load_q8(dir: &Path, cache: &Path) -> recall_engine::Result<Embedder> {
+    load_as(dir, cache, recall_engine::Dtype::Q8)
 }
 
 /// `load`, with the encoder's linear layers in `dtype`.
-pub fn load_as(dir: &Path, cache: &Path, dtype: recall::Dtype) -> anyhow::Result<Embedder> {
+pub fn load_as(
+    dir: &Path,
+    cache: &Path,
+    dtype: recall_engine::Dtype,
+) -> recall_engine::Result<Embedder> {
     Embedder::load(
         dir,
         &LoadOptions {
@@ -68,7 +72,7 @@ pub fn load_as(dir: &Path, cache: &Path, dtype: recall::Dtype) -> anyhow::Result
 
 /// `load`, with a batch budget of one token: every input gets a forward
 /// pass of its own.
-pub fn load_one_at_a_time(dir: &Path, cache: &Path) -> anyhow::Result<Embedder> {
+pub fn load_one_at_a_time(dir: &Path, cache: &Path) -> recall_engine::Result<Embedder> {
     Embedder::load(
         dir,
         &LoadOptions {

@@ -34,8 +34,8 @@ use rayon::prelude::*;
 use crate::packcache::{Packed, Reader, Slab};
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use crate::matmul::Prefetch;
-use crate::matmul::{Dst, share};
+use crate::kernels::matmul::Prefetch;
+use crate::kernels::matmul::{Dst, share};
 
 /// Output columns per panel: four registers of 16 i32 lanes.
 const PANEL: usize = 64;
@@ -395,7 +395,7 @@ impl QLinear {
         });
         // SAFETY: the tiles wrote every element of the m rows.
         unsafe { out.set_len(m * np) };
-        crate::matmul::without_padding(out, np, n)
+        crate::kernels::matmul::without_padding(out, np, n)
     }
 }
 
@@ -552,35 +552,23 @@ impl Kernel {
     pub fn get() -> Kernel {
         static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
-            let wanted = std::env::var("RECALL_Q8").unwrap_or_default();
-            #[cfg(target_arch = "x86_64")]
-            {
-                use std::arch::is_x86_feature_detected as has;
-                if !matches!(wanted.as_str(), "avx2" | "portable")
-                    && has!("avx512f")
-                    && has!("avx512vnni")
-                {
-                    return Kernel::Vnni;
-                }
-                if !matches!(wanted.as_str(), "avx2" | "portable") && has!("avxvnni") {
-                    return Kernel::AvxVnni;
-                }
-                if wanted != "portable" && has!("avx2") {
-                    return Kernel::Avx2;
-                }
+            let (cpu, wanted) = (super::cpu(), super::overrides().q8.as_deref());
+            let below_vnni = matches!(wanted, Some("avx2" | "portable"));
+            let below_i8mm = matches!(wanted, Some("sdot" | "portable"));
+            let portable = wanted == Some("portable");
+            if cpu.avx512_vnni && !below_vnni {
+                Kernel::Vnni
+            } else if cpu.avx_vnni && !below_vnni {
+                Kernel::AvxVnni
+            } else if cpu.avx2 && !portable {
+                Kernel::Avx2
+            } else if cpu.i8mm && !below_i8mm {
+                Kernel::I8mm
+            } else if cpu.dotprod && !portable {
+                Kernel::Sdot
+            } else {
+                Kernel::Portable
             }
-            #[cfg(target_arch = "aarch64")]
-            {
-                use std::arch::is_aarch64_feature_detected as has;
-                if !matches!(wanted.as_str(), "sdot" | "portable") && has!("i8mm") {
-                    return Kernel::I8mm;
-                }
-                if wanted != "portable" && has!("dotprod") {
-                    return Kernel::Sdot;
-                }
-            }
-            let _ = wanted;
-            Kernel::Portable
         })
     }
 }

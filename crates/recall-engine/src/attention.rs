@@ -13,9 +13,9 @@
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use crate::bf16::Bf16Linear;
-use crate::matmul::{Dst, PackedLinear, packed_available};
-use crate::quant::QLinear;
+use crate::kernels::bf16::Bf16Linear;
+use crate::kernels::matmul::{Dst, PackedLinear, packed_available};
+use crate::kernels::quant::QLinear;
 
 /// Scores per query block: 1 MiB, so the block is still in L2 when the
 /// softmax and `P · V` read it back (at 2048 tokens 188-199 tokens/s
@@ -32,7 +32,7 @@ pub enum Scores {
     /// against 360 tokens/s) but cost MiniLM 0.98 cosine on a 256-token
     /// input.
     Q8,
-    /// Keys and values in bf16 (`crate::bf16`), sums in f32.
+    /// Keys and values in bf16 (`crate::kernels::bf16`), sums in f32.
     Bf16,
 }
 
@@ -109,7 +109,9 @@ pub fn attention(
                 Keys::Q8(keys) => keys.matmul_t(queries, n),
                 Keys::Bf16(keys) => keys.matmul_t(queries, n),
             };
-            probs.chunks_mut(len).for_each(crate::fused::softmax);
+            probs
+                .chunks_mut(len)
+                .for_each(crate::kernels::fused::softmax);
             let context = match &values {
                 Values::Packed(values) => values.matmul_t(&probs, n),
                 Values::Bf16(values) => values.matmul_t(&probs, n),
@@ -135,7 +137,7 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::tests::values;
+    use crate::kernels::quant::tests::values;
 
     /// The attention of `qkv` computed one score at a time.
     fn reference(qkv: &[f32], lens: &[usize], heads: usize, d: usize) -> Vec<f32> {
@@ -151,7 +153,7 @@ mod tests {
                     let mut p: Vec<f32> = (0..len)
                         .map(|j| (0..d).map(|c| at(i, 0, c) * at(j, 1, c)).sum())
                         .collect();
-                    crate::fused::softmax(&mut p);
+                    crate::kernels::fused::softmax(&mut p);
                     for c in 0..d {
                         out[(offset + i) * h + head * d + c] =
                             (0..len).map(|j| p[j] * at(j, 2, c)).sum();
@@ -193,7 +195,7 @@ mod tests {
     fn q8_is_close_to_f32_attention() {
         // The queries' rounding step doubles with the AVX2 kernel's 7-bit
         // activations (`Kernel::activation_levels`), and so does the error.
-        let levels = crate::quant::Kernel::get().activation_levels() as f32;
+        let levels = crate::kernels::quant::Kernel::get().activation_levels() as f32;
         check(Scores::Q8, 0.02 * 255.0 / levels);
     }
 

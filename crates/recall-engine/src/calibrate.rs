@@ -11,7 +11,7 @@
 //! be built in silence.
 //!
 //! The same f32 pass finds the channels each layer's q8 keeps in f32
-//! (`crate::quant::outlier_channels`, from the largest magnitude every
+//! (`crate::kernels::quant::outlier_channels`, from the largest magnitude every
 //! input channel reaches on [`TEXTS`]). Both are cached per weights file
 //! and q8 kernel in `<cache>/calibration/`: later loads cost nothing.
 
@@ -20,8 +20,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 
-use crate::encoder::{Dtype, Encoder, Outliers, ProjInputs};
+use crate::dtype::Dtype;
+use crate::encoder::Encoder;
 use crate::model::{EncoderConfig, Pooling, Weights};
+use crate::proj::{Outliers, ProjInputs};
 use crate::tokenize::TextTokenizer;
 
 /// What the check reads: chat, commands, logs, code, JSON, prose, Chinese
@@ -156,7 +158,7 @@ impl Check {
         pooling: Pooling,
     ) -> Result<Self> {
         let key = crate::model::file_key(weights)?;
-        let tag = crate::quant::Kernel::get().revision_tag();
+        let tag = crate::kernels::quant::Kernel::get().revision_tag();
         let path = cache_dir
             .join("calibration")
             .join(format!("{key}-{tag}-v{VERSION}.json"));
@@ -184,7 +186,7 @@ impl Check {
         let (hidden, peaks) = f32.forward_peaks(&ids)?;
         let reference = pooled(&hidden, &inputs, pooling)?;
         let outliers = (peaks.iter())
-            .map(|layer| layer.map(|peaks| crate::quant::outlier_channels(peaks)))
+            .map(|layer| layer.map(|peaks| crate::kernels::quant::outlier_channels(peaks)))
             .collect();
         Ok(Self {
             path,

@@ -1,7 +1,7 @@
 //! recall's packed f32 kernel (`PackedLinear`, its AVX-512 or AVX2 tile:
 //! `RECALL_MATMUL=avx2` forces the latter) and its int8 kernel (`quant`)
 //! beside candle's, on weights that do not fit in cache:
-//! `cargo run --release --example matmul_probe -- M K N [MATRICES]`.
+//! `cargo run --release -p recall-engine --example matmul_probe -- M K N [MATRICES]`.
 //! Prints the best of 5 passes over MATRICES (default 12) distinct `[N, K]`
 //! weight matrices, for each side; REPS=N makes each pass go over them N
 //! times (for matrices small enough to stay in cache). Thread count:
@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: matmul_probe M K N [MATRICES]");
     };
     let mats = args.get(3).copied().unwrap_or(12);
-    let kernel = recall::matmul::PackedKernel::get()
+    let kernel = recall_engine::kernels::matmul::PackedKernel::get()
         .ok_or_else(|| anyhow::anyhow!("this CPU has no packed tile (it lacks AVX2/FMA)"))?;
     let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
     let ws: Vec<Vec<f32>> = (0..mats)
@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(1);
     let packed: Vec<_> = ws
         .iter()
-        .map(|w| recall::matmul::PackedLinear::<f32>::pack(w, n, k))
+        .map(|w| recall_engine::kernels::matmul::PackedLinear::<f32>::pack(w, n, k))
         .collect();
     let f32_time = best_of_5(|| {
         for w in packed.iter().cycle().take(mats * reps) {
@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
     });
     let quantized: Vec<_> = ws
         .iter()
-        .map(|w| recall::quant::QLinear::quantize(w, n, k))
+        .map(|w| recall_engine::kernels::quant::QLinear::quantize(w, n, k))
         .collect();
     let q8 = best_of_5(|| {
         for w in quantized.iter().cycle().take(mats * reps) {
@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
         "{m}x{k}·{n}ᵀ: recall {kernel:?} {:.1} ms ({:.0} GFLOP/s), q8 {:?} {:.1} ms ({:.0} GOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
         f32_time * 1e3,
         gflops(f32_time),
-        recall::quant::Kernel::get(),
+        recall_engine::kernels::quant::Kernel::get(),
         q8 * 1e3,
         gflops(q8),
         candle * 1e3,

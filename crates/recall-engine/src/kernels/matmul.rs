@@ -17,7 +17,7 @@
 //! each weight load feeds 6 FMAs, each broadcast input 4), or 6 rows × 16
 //! columns with AVX2 (12 accumulators), four strips per panel, or 6 rows
 //! × 16 columns with NEON (24 of its 32 registers: `tile_neon`). On 2 Zen 4
-//! cores (`cargo run --release --example matmul_probe -- M K N`): AVX-512
+//! cores (`cargo run --release -p recall-engine --example matmul_probe -- M K N`): AVX-512
 //! 200-215 GFLOP/s at 1024-2048 rows and 120 at 16; AVX2 150-215 at 1024
 //! rows, level with the old row kernel at 16; candle's `gemm` 110-190
 //! across runs. Attention uses it too (`attention`).
@@ -29,15 +29,6 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::packcache::{Packed, Reader, Slab};
-
-/// Whether this CPU has AVX2 and FMA (checked once).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn cpu_has_avx2_fma() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    })
-}
 
 /// Rows of `padded` (`np` wide, whole panels) cut to their first `n`
 /// columns.
@@ -67,7 +58,7 @@ pub(crate) const PANEL: usize = 64;
 pub(crate) const PANEL_ROWS: usize = 6;
 /// Input positions per pass over the rows: a panel's block of weights
 /// (PANEL × DEPTH floats, 128 KiB) stays in L2 while every row tile uses it.
-/// Even, so a block holds whole pairs (`crate::bf16`'s tile).
+/// Even, so a block holds whole pairs (`crate::kernels::bf16`'s tile).
 pub(crate) const DEPTH: usize = 512;
 
 /// Where one row tile of a packed product works.
@@ -260,7 +251,7 @@ impl PackedWeight for half::bf16 {
 }
 
 /// The part of the `next` block of weights that row tile `t` of `tiles`
-/// prefetches (`PackedLinear`'s and `crate::quant`'s tiles).
+/// prefetches (`PackedLinear`'s and `crate::kernels::quant`'s tiles).
 /// The first tile reads its own block from memory; the others find it in
 /// L2 and would leave memory idle, so the next two fetch the next block
 /// between them. A short input (a 16-token query: 3 tiles) then streams
@@ -342,53 +333,31 @@ impl PackedKernel {
     pub fn get() -> Option<PackedKernel> {
         static KERNEL: std::sync::OnceLock<Option<PackedKernel>> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
-            let forced = std::env::var("RECALL_MATMUL").ok();
-            #[cfg(target_arch = "x86_64")]
-            {
-                if forced.as_deref() == Some("candle") {
-                    return None;
-                }
-                if forced.as_deref() != Some("avx2")
-                    && std::arch::is_x86_feature_detected!("avx512f")
-                {
-                    return Some(PackedKernel::Avx512);
-                }
-                if cpu_has_avx2_fma() {
-                    return Some(PackedKernel::Avx2);
-                }
+            let (cpu, forced) = (super::cpu(), super::overrides().matmul.as_deref());
+            if forced == Some("candle") {
+                return None;
             }
-            #[cfg(target_arch = "aarch64")]
-            if forced.as_deref() != Some("candle")
-                && std::arch::is_aarch64_feature_detected!("neon")
-            {
-                return Some(PackedKernel::Neon);
+            if cpu.avx512f && forced != Some("avx2") {
+                return Some(PackedKernel::Avx512);
             }
-            let _ = forced;
-            None
+            if cpu.avx2_fma {
+                return Some(PackedKernel::Avx2);
+            }
+            cpu.neon.then_some(PackedKernel::Neon)
         })
     }
 
     /// Every tile this CPU runs, the best first (for tests and benchmarks).
     pub fn all() -> Vec<PackedKernel> {
-        #[cfg_attr(
-            not(any(target_arch = "x86_64", target_arch = "aarch64")),
-            allow(unused_mut)
-        )]
-        let mut kernels = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                kernels.push(PackedKernel::Avx512);
-            }
-            if cpu_has_avx2_fma() {
-                kernels.push(PackedKernel::Avx2);
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        if std::arch::is_aarch64_feature_detected!("neon") {
-            kernels.push(PackedKernel::Neon);
-        }
-        kernels
+        let cpu = super::cpu();
+        [
+            (cpu.avx512f, PackedKernel::Avx512),
+            (cpu.avx2_fma, PackedKernel::Avx2),
+            (cpu.neon, PackedKernel::Neon),
+        ]
+        .into_iter()
+        .filter_map(|(has, kernel)| has.then_some(kernel))
+        .collect()
     }
 
     /// Columns per strip: the tile's width.
@@ -892,7 +861,7 @@ pub(crate) mod tests {
 
     /// Products `(m, k, n)` with remainders in rows (tile of 6), columns
     /// (panel of 64) and depth (block of DEPTH; odd depths: half a pair for
-    /// `crate::bf16`'s tile), and with none.
+    /// `crate::kernels::bf16`'s tile), and with none.
     pub(crate) const EDGE_SIZES: [(usize, usize, usize); 7] = [
         (1, 1, 1),
         (5, 13, 7),

@@ -9,7 +9,9 @@ use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use rayon::prelude::*;
 
-use crate::encoder::{Dtype, Encoder};
+use crate::dtype::Dtype;
+use crate::encoder::Encoder;
+use crate::error::Error;
 use crate::heads::{self, M3Heads};
 use crate::model::{ModelFiles, Pooling, Weights};
 use crate::tokenize::{TextTokenizer, Tokens};
@@ -128,21 +130,25 @@ pub struct Embedder {
 }
 
 /// The device the cargo features select: CUDA or Metal when compiled in and present, else CPU.
-pub fn default_device() -> Result<Device> {
+pub fn default_device() -> Result<Device, Error> {
     #[cfg(feature = "cuda")]
     if candle_core::utils::cuda_is_available() {
-        return Ok(Device::new_cuda(0)?);
+        return Device::new_cuda(0).map_err(|e| Error::Load(e.into()));
     }
     #[cfg(feature = "metal")]
     if candle_core::utils::metal_is_available() {
-        return Ok(Device::new_metal(0)?);
+        return Device::new_metal(0).map_err(|e| Error::Load(e.into()));
     }
     Ok(Device::Cpu)
 }
 
 impl Embedder {
-    /// Loads the model in `dir` (see `model::locate` for finding one).
-    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
+    /// Loads the model in `dir`, a model directory in Hugging Face layout.
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, Error> {
+        Self::load_anyhow(dir, options).map_err(Error::Load)
+    }
+
+    fn load_anyhow(dir: &Path, options: &LoadOptions) -> anyhow::Result<Self> {
         let started = Instant::now();
         let files = ModelFiles::inspect(dir)?;
         let model_max_length = files.max_tokens();
@@ -160,7 +166,7 @@ impl Embedder {
         let tokenizer = TextTokenizer::from_file(&files.tokenizer, max_length)?;
         let cache_dir = match &options.cache_dir {
             Some(dir) => dir.clone(),
-            None => crate::model::locate::recall_cache_dir()?,
+            None => crate::paths::recall_cache_dir()?,
         };
         let (weights_path, converted) = files.safetensors_weights(&cache_dir, |_, _| {})?;
         // FlagEmbedding pools BGE-M3 by `<s>` and normalises, whatever modules.json says.
@@ -239,27 +245,31 @@ impl Embedder {
         &self.tokenizer
     }
 
-    /// Checks that the model can give `outputs`.
-    pub fn check_outputs(&self, outputs: Outputs) -> Result<()> {
+    /// Checks that the model can give `outputs` (`Error::Unsupported`).
+    pub fn check_outputs(&self, outputs: Outputs) -> Result<(), Error> {
         if (outputs.sparse || outputs.colbert) && self.heads.is_none() {
-            bail!(
+            return Err(Error::Unsupported(format!(
                 "{} has no BGE-M3 heads ({} and {}): it gives dense vectors only",
                 self.info.dir.display(),
                 crate::model::SPARSE_HEAD,
                 crate::model::COLBERT_HEAD
-            );
+            )));
         }
         if !(outputs.dense || outputs.sparse || outputs.colbert) {
-            bail!("no output asked for: choose at least one of dense, sparse, colbert");
+            return Err(Error::Unsupported(
+                "no output asked for: choose at least one of dense, sparse, colbert".into(),
+            ));
         }
         Ok(())
     }
 
-    pub fn tokenize<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Tokens>> {
+    /// The model's tokens of each of `texts`, cut at its maximum length.
+    pub fn tokenize<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Tokens>, Error> {
         texts
             .par_iter()
             .map(|t| self.tokenizer.encode(t.as_ref()))
-            .collect()
+            .collect::<anyhow::Result<_>>()
+            .map_err(Error::Run)
     }
 
     /// Embeds `texts`; the result is in the order of `texts`.
@@ -267,7 +277,7 @@ impl Embedder {
         &self,
         texts: &[S],
         outputs: Outputs,
-    ) -> Result<Vec<Embedding>> {
+    ) -> Result<Vec<Embedding>, Error> {
         self.check_outputs(outputs)?;
         let tokens = self.tokenize(texts)?;
         self.embed_tokens(&tokens, outputs)
@@ -276,7 +286,11 @@ impl Embedder {
     /// Embeds tokenised inputs; the result is in their order. Inputs are
     /// sorted by length and packed into forward passes of at most the batch
     /// token budget (a longer single input gets a pass of its own).
-    pub fn embed_tokens(&self, inputs: &[Tokens], outputs: Outputs) -> Result<Vec<Embedding>> {
+    pub fn embed_tokens(
+        &self,
+        inputs: &[Tokens],
+        outputs: Outputs,
+    ) -> Result<Vec<Embedding>, Error> {
         self.embed_tokens_with(inputs, outputs, &|| {})
     }
 
@@ -287,7 +301,7 @@ impl Embedder {
         inputs: &[Tokens],
         outputs: Outputs,
         between_layers: &dyn Fn(),
-    ) -> Result<Vec<Embedding>> {
+    ) -> Result<Vec<Embedding>, Error> {
         self.check_outputs(outputs)?;
         let mut order: Vec<usize> = (0..inputs.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(inputs[i].ids.len()));
@@ -303,11 +317,10 @@ impl Embedder {
                 end += 1;
             }
             let batch: Vec<&Tokens> = order[start..end].iter().map(|&i| &inputs[i]).collect();
-            for (slot, embedding) in
-                order[start..end]
-                    .iter()
-                    .zip(self.embed_batch(&batch, outputs, between_layers)?)
-            {
+            for (slot, embedding) in order[start..end].iter().zip(
+                self.embed_batch(&batch, outputs, between_layers)
+                    .map_err(Error::Run)?,
+            ) {
                 results[*slot] = embedding;
             }
             start = end;

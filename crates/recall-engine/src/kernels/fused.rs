@@ -1,30 +1,13 @@
-//! The element-wise work after each of the encoder's matmuls, fused into one
-//! pass on every core: candle's CPU unary and binary ops run on one thread
-//! and each makes a full pass over memory (bias, then activation, then
-//! residual), into a fresh buffer. Each runs in place on the matmul's
-//! output. Same arithmetic as candle's ops (GELU's erf vectorised within
-//! 3e-7 of libm's `erff`), so outputs are unchanged at the parity tests'
-//! 1e-5. CPU only: other devices use candle's ops.
-
-use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout};
-use rayon::prelude::*;
+//! The element-wise arithmetic after the encoder's matmuls, one row at a
+//! time: the activations, GELU's erf and softmax's exp vectorised (AVX2,
+//! NEON) within 3e-7 of libm's `erff`, so outputs are unchanged at the
+//! parity tests' 1e-5. `crate::ops` runs it in place on a matmul's output,
+//! every core at once (candle's CPU element-wise ops run on one thread, each
+//! into a fresh buffer); other devices use candle's ops.
 
 use crate::model::config::Activation;
 
-/// The contiguous f32 data of a tensor, or why not.
-pub(crate) fn data<'a>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-    what: &str,
-) -> candle_core::Result<&'a [f32]> {
-    let all = storage.as_slice::<f32>()?;
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&all[start..end]),
-        None => candle_core::bail!("{what}: expected a contiguous f32 tensor"),
-    }
-}
-
-fn activate(act: Option<Activation>, x: f32) -> f32 {
+pub(crate) fn activate(act: Option<Activation>, x: f32) -> f32 {
     match act {
         None => x,
         Some(Activation::Gelu) => (libm::erff(x * std::f32::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * x,
@@ -34,122 +17,6 @@ fn activate(act: Option<Activation>, x: f32) -> f32 {
             0.5 * x * (1.0 + (sqrt_two_over_pi * x * (1.0 + 0.044715 * x * x)).tanh())
         }
         Some(Activation::Relu) => x.max(0.0),
-    }
-}
-
-/// The contiguous f32 data of a tensor to be overwritten, or why not.
-fn data_mut<'a>(
-    storage: &'a mut CpuStorage,
-    layout: &Layout,
-    what: &str,
-) -> candle_core::Result<&'a mut [f32]> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("{what}: expected a contiguous tensor");
-    };
-    match storage {
-        CpuStorage::F32(all) => Ok(&mut all[start..end]),
-        _ => candle_core::bail!("{what}: expected f32"),
-    }
-}
-
-/// `x = act(x + bias)` in place, `bias` broadcast over the rows of `x`: `x`
-/// is a matmul's fresh output, so no second buffer is allocated (and its
-/// pages zeroed).
-pub struct BiasAct {
-    pub act: Option<Activation>,
-}
-
-impl InplaceOp2 for BiasAct {
-    fn name(&self) -> &'static str {
-        "recall-bias-act"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &mut CpuStorage,
-        x_layout: &Layout,
-        bias: &CpuStorage,
-        bias_layout: &Layout,
-    ) -> candle_core::Result<()> {
-        let bias = data(bias, bias_layout, "bias")?;
-        let x = data_mut(x, x_layout, "x")?;
-        let n = bias.len();
-        if n == 0 || x.len() % n != 0 {
-            candle_core::bail!("bias of {n} for rows of {} elements", x.len());
-        }
-        if self.act == Some(Activation::Gelu) {
-            x.par_chunks_mut(n).for_each(|row| bias_gelu(row, bias));
-            return Ok(());
-        }
-        x.par_chunks_mut(n).for_each(|row| {
-            for (v, &b) in row.iter_mut().zip(bias) {
-                *v = activate(self.act, *v + b);
-            }
-        });
-        Ok(())
-    }
-}
-
-/// `x = x + bias + residual` in place, `bias` broadcast over the rows.
-pub struct BiasResidual;
-
-impl InplaceOp3 for BiasResidual {
-    fn name(&self) -> &'static str {
-        "recall-bias-residual"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &mut CpuStorage,
-        x_layout: &Layout,
-        bias: &CpuStorage,
-        bias_layout: &Layout,
-        residual: &CpuStorage,
-        residual_layout: &Layout,
-    ) -> candle_core::Result<()> {
-        let bias = data(bias, bias_layout, "bias")?;
-        let residual = data(residual, residual_layout, "residual")?;
-        let x = data_mut(x, x_layout, "x")?;
-        let n = bias.len();
-        if n == 0 || x.len() % n != 0 || residual.len() != x.len() {
-            candle_core::bail!("bias-residual: shapes do not match");
-        }
-        x.par_chunks_mut(n)
-            .zip(residual.par_chunks(n))
-            .for_each(|(row, res)| {
-                for ((v, &b), &r) in row.iter_mut().zip(bias).zip(res) {
-                    *v = *v + b + r;
-                }
-            });
-        Ok(())
-    }
-}
-
-/// Softmax over the last dimension, in place: the attention scores are the
-/// largest tensor of a long input (16 heads × 2048 × 2048 floats is 256 MiB
-/// per block), so no second one is allocated. Rows run in parallel, and
-/// `exp` is vectorised (`exp_in_place`): libm's scalar `expf` was a tenth
-/// of the time at 2048 tokens.
-pub struct SoftmaxInPlace;
-
-impl candle_core::InplaceOp1 for SoftmaxInPlace {
-    fn name(&self) -> &'static str {
-        "recall-softmax-in-place"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("softmax: expected a contiguous tensor");
-        };
-        let width = layout.dims().last().copied().unwrap_or(0);
-        let CpuStorage::F32(all) = storage else {
-            candle_core::bail!("softmax: expected f32");
-        };
-        if width == 0 {
-            return Ok(());
-        }
-        all[start..end].par_chunks_mut(width).for_each(softmax);
-        Ok(())
     }
 }
 
@@ -163,9 +30,9 @@ pub(crate) fn softmax(row: &mut [f32]) {
 
 /// `row = gelu(row + bias)`, erf's exact GELU, vectorised where the CPU
 /// allows (libm's scalar erff was a sixth of a q8 forward pass).
-fn bias_gelu(row: &mut [f32], bias: &[f32]) {
+pub(crate) fn bias_gelu(row: &mut [f32], bias: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::matmul::cpu_has_avx2_fma() {
+    if super::cpu().avx2_fma {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { avx2_math::bias_gelu(row, bias) };
     }
@@ -181,7 +48,7 @@ fn bias_gelu(row: &mut [f32], bias: &[f32]) {
 /// `v = exp(v - shift)` for every element; returns their sum.
 fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::matmul::cpu_has_avx2_fma() {
+    if super::cpu().avx2_fma {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { avx2_math::exp_in_place(row, shift) };
     }

@@ -20,12 +20,12 @@
 use anyhow::Result;
 use half::bf16;
 
-use crate::matmul::{
+use crate::kernels::matmul::{
     DEPTH, Dst, PANEL, PANEL_ROWS, PackedKernel, PackedLinear, TileAt, for_each_tile, share,
     without_padding,
 };
 #[cfg(target_arch = "x86_64")]
-use crate::matmul::{PREFETCH_RUN, Prefetch, accumulators512, store512};
+use crate::kernels::matmul::{PREFETCH_RUN, Prefetch, accumulators512, store512};
 use crate::packcache::{Packed, Reader, Slab};
 
 /// Input positions summed into one f32 lane by one `vdpbf16ps`.
@@ -50,8 +50,8 @@ impl Bf16Kernel {
         static KERNEL: std::sync::OnceLock<Option<Bf16Kernel>> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
             let packed = PackedKernel::get()?;
-            let widen = std::env::var("RECALL_BF16").is_ok_and(|v| v == "widen");
-            if !widen && packed == PackedKernel::Avx512 && cpu_has_avx512_bf16() {
+            let widen = super::overrides().bf16.as_deref() == Some("widen");
+            if !widen && packed == PackedKernel::Avx512 && super::cpu().avx512_bf16 {
                 return Some(Bf16Kernel::Dot);
             }
             Some(Bf16Kernel::Widened(packed))
@@ -65,17 +65,6 @@ impl Bf16Kernel {
             Bf16Kernel::Widened(k) => format!("{k:?} packed tile, weights widened to f32"),
         }
     }
-}
-
-/// Whether this CPU has AVX512_BF16.
-fn cpu_has_avx512_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// A linear layer's weight `[n, k]` in bf16, packed for this CPU's kernel.
@@ -374,7 +363,7 @@ unsafe fn tile_dot(t: &DotTile) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::tests::values;
+    use crate::kernels::quant::tests::values;
 
     /// `x · Wᵀ` in f64 over bf16-rounded weights, and inputs too if
     /// `round_x`.
@@ -395,7 +384,7 @@ mod tests {
     fn kernels() -> Vec<Bf16Kernel> {
         let mut kernels = Vec::new();
         if PackedKernel::get() == Some(PackedKernel::Avx512) {
-            if cpu_has_avx512_bf16() {
+            if crate::kernels::cpu().avx512_bf16 {
                 kernels.push(Bf16Kernel::Dot);
             }
             kernels.push(Bf16Kernel::Widened(PackedKernel::Avx512));
@@ -427,7 +416,7 @@ mod tests {
 
     #[test]
     fn rows_round_as_half_does() {
-        if !cpu_has_avx512_bf16() {
+        if !crate::kernels::cpu().avx512_bf16 {
             eprintln!("bf16: no AVX512_BF16 here, its rounding loop is not run");
             return;
         }
@@ -449,7 +438,7 @@ mod tests {
     #[test]
     fn every_kernel_matches_a_plain_loop_at_every_edge() {
         for kernel in kernels() {
-            for (m, k, n) in crate::matmul::tests::EDGE_SIZES {
+            for (m, k, n) in crate::kernels::matmul::tests::EDGE_SIZES {
                 let x = values(m * k, 7919, 1.0);
                 let w = values(n * k, 104729, 1.0);
                 // Only the dot tile rounds its inputs.

@@ -1,0 +1,54 @@
+//! recall's embedding engine: BAAI/bge-m3 (and other BERT-family
+//! sentence-transformers models) on the CPU, with candle for the GPU.
+//!
+//! One forward pass gives BGE-M3's three outputs: the 1024-dimension dense
+//! vector (L2-normalised), the sparse lexical weights (token id → weight)
+//! and the ColBERT vectors (one per token). The engine reads a model
+//! directory in Hugging Face layout from a path; finding or downloading one
+//! is the caller's business (the `recall` application does it from the hub
+//! cache). It needs no network, database or async runtime.
+//!
+//! ```no_run
+//! use recall_engine::{Embedder, LoadOptions, Outputs};
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let model = std::path::Path::new("/models/bge-m3");
+//! let embedder = Embedder::load(model, &LoadOptions::default())?;
+//! let texts = ["the server ran out of space", "disk cleanup"];
+//! let out = embedder.embed(&texts, Outputs::ALL)?;
+//! let (a, b) = (out[0].dense.as_ref().unwrap(), out[1].dense.as_ref().unwrap());
+//! println!("cosine {}", recall_engine::score::dense(a, b));
+//! println!("sparse weights of the first: {:?}", out[0].sparse);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Layout: [`Embedder`] (tokenise, batch, encode, heads) over
+//! `encoder` (the transformer on candle tensors), `proj` (its linear
+//! layers, each on the kernel its [`Dtype`] picks), `ops` (recall's kernels
+//! as candle operations) and [`kernels`] (the CPU kernels and the one place
+//! that decides which run). [`model`] opens a model directory; [`packcache`]
+//! keeps packed weights on disk between starts; [`calibrate`] measures q8
+//! against f32 on the model being loaded.
+
+pub mod attention;
+pub mod calibrate;
+mod dtype;
+pub mod embedder;
+mod embeddings;
+pub mod encoder;
+mod error;
+pub mod heads;
+pub mod kernels;
+pub mod model;
+mod ops;
+pub mod packcache;
+pub mod paths;
+mod proj;
+pub mod score;
+pub mod tokenize;
+
+pub use dtype::Dtype;
+pub use embedder::{Embedder, Embedding, LoadOptions, ModelInfo, Outputs, default_device};
+pub use error::{Error, Result};
+pub use tokenize::{TextTokenizer, Tokens};
