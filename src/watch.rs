@@ -302,12 +302,14 @@ pub fn watch(
                 }
             } else {
                 waiting_reported = false;
-                let run = Store::open(index_path).and_then(|mut store| {
-                    let report =
-                        index::run(chain, &mut store, profiles, options, &|_, _, _, _| {})?;
-                    crate::search::vector::prepare(&store);
-                    Ok(report)
-                });
+                let run = Store::open(index_path)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|mut store| {
+                        let report =
+                            index::run(chain, &mut store, profiles, options, &|_, _, _, _| {})?;
+                        crate::search::vector::prepare(&store);
+                        Ok(report)
+                    });
                 match run {
                     Ok(report) => {
                         last_error = None;

@@ -101,6 +101,10 @@ fn hermes_state_db_is_never_written_as_an_index() {
             format!("{err:#}").contains("Hermes Agent database"),
             "{err:#}"
         );
+        assert!(
+            matches!(err, recall::index::store::Error::Refused(_)),
+            "{err:?}"
+        );
         assert!(matches!(
             guard::inspect(&state_db).unwrap(),
             Found::Foreign(_)
@@ -254,6 +258,15 @@ fn a_damaged_index_is_named_and_rebuild_sets_it_aside() {
             damage(&index);
         }
         let damaged = sha256(&index);
+        if whole_file {
+            // The library says which: damaged, not another program's file.
+            let err = Store::open(&index).err().unwrap();
+            assert!(
+                matches!(err, recall::index::store::Error::Damaged(_)),
+                "{err:?}"
+            );
+            assert_eq!(sha256(&index), damaged);
+        }
         let (ok, _, err) = index_cli(&home, &[]);
         assert!(!ok, "indexing into a damaged index succeeded");
         assert!(err.contains(index.to_str().unwrap()), "{err}");

@@ -160,12 +160,14 @@ fn check_index(args: &DoctorArgs, profiles: &[Profile], r: &mut Report) -> Resul
             "run `recall index` (or `recall hermes install`, which also adds the Hermes tool)",
         );
     } else {
-        let opened_store = Store::open_existing(&index_path).and_then(|store| {
-            let identity = store.identity()?;
-            let remembered = store.model_dir()?;
-            let chunks = store.counts()?.chunks;
-            Ok((store, identity, remembered, chunks))
-        });
+        let opened_store = Store::open_existing(&index_path)
+            .map_err(anyhow::Error::from)
+            .and_then(|store| {
+                let identity = store.identity()?;
+                let remembered = store.model_dir()?;
+                let chunks = store.counts()?.chunks;
+                Ok((store, identity, remembered, chunks))
+            });
         match opened_store {
             Ok((store, id, model_dir, chunks)) => {
                 let existing: Vec<_> = profiles

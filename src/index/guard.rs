@@ -12,7 +12,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 /// recall's `application_id` ("RCLL").
@@ -36,23 +36,40 @@ pub enum Found {
 }
 
 impl Found {
-    /// `Ok` when recall may write its index at `path`; else the error that names the file.
+    /// `Ok` when recall may write its index at `path`; else the error that
+    /// names the file (a `Refusal` inside, for `store::Error`).
     pub fn writable(self, path: &Path) -> Result<Found> {
-        match self {
-            Found::Empty | Found::Index { .. } => Ok(self),
-            Found::Damaged(why) => bail!(
-                "{} is a damaged recall index ({why}). `recall index --rebuild` moves it aside \
-                 and builds a new one (nothing in Hermes is lost: the index is rebuilt from it).",
-                path.display()
-            ),
-            Found::Foreign(what) => bail!(
-                "{} is {what}, not a recall index. recall writes only to a new file, an empty one \
-                 or its own index, and never changed this file. Leave out --index to use the \
-                 default ($HERMES_HOME/recall/index.db), or name a new file.",
-                path.display()
-            ),
-        }
+        let refusal = match self {
+            Found::Empty | Found::Index { .. } => return Ok(self),
+            Found::Damaged(why) => Refusal {
+                damaged: true,
+                message: format!(
+                    "{} is a damaged recall index ({why}). `recall index --rebuild` moves it aside \
+                     and builds a new one (nothing in Hermes is lost: the index is rebuilt from it).",
+                    path.display()
+                ),
+            },
+            Found::Foreign(what) => Refusal {
+                damaged: false,
+                message: format!(
+                    "{} is {what}, not a recall index. recall writes only to a new file, an empty one \
+                     or its own index, and never changed this file. Leave out --index to use the \
+                     default ($HERMES_HOME/recall/index.db), or name a new file.",
+                    path.display()
+                ),
+            },
+        };
+        Err(refusal.into())
     }
+}
+
+/// Why recall will not write its index at a path: it holds something else,
+/// or a damaged index.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub damaged: bool,
+    message: String,
 }
 
 /// Looks at `path` without writing to it: the file header first, then, for

@@ -21,6 +21,27 @@ use super::guard;
 use crate::source::hermes::Session;
 use crate::space::Identity;
 
+/// Why the index could not be used, by what the user does next. Each
+/// variant keeps the whole message chain (`{:#}` prints it).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The path holds something recall must not write to (Hermes's
+    /// `state.db`, another program's file): name another path.
+    #[error(transparent)]
+    Refused(anyhow::Error),
+    /// The index is damaged: `recall index --rebuild` moves it aside and
+    /// builds a new one from Hermes.
+    #[error(transparent)]
+    Damaged(anyhow::Error),
+    /// The file system would not let the index be written: no space, or no
+    /// permission (the message says which, and where).
+    #[error(transparent)]
+    Storage(anyhow::Error),
+    /// Anything else (SQLite or the file system).
+    #[error(transparent)]
+    Other(anyhow::Error),
+}
+
 /// Bumped when the layout below changes incompatibly.
 const LAYOUT_VERSION: i64 = 2;
 
@@ -168,8 +189,12 @@ END;
 impl Store {
     /// Opens (creating if needed) the index at `path`. Refuses, before
     /// writing anything, a path that holds anything but recall's index or
-    /// nothing (see `guard`).
-    pub fn open(path: &Path) -> Result<Self> {
+    /// nothing (see `guard`): `Error::Refused`, or `Error::Damaged`.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        Self::open_anyhow(path).map_err(|e| Self::classify(path, e))
+    }
+
+    fn open_anyhow(path: &Path) -> Result<Self> {
         register_sqlite_vec();
         guard::inspect(path)?.writable(path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -290,8 +315,28 @@ impl Store {
 
     /// `err`, explained when it comes from the index at `path` being damaged
     /// or its directory being full or not writable: the message then names
-    /// the cause, the path and the way out.
+    /// the cause, the path and the way out. Any other error comes back as it
+    /// was (a paused run stays a `Paused` for the exit code).
     pub fn explain(path: &Path, err: anyhow::Error) -> anyhow::Error {
+        if err.downcast_ref::<Error>().is_some() {
+            return err;
+        }
+        match Self::classify(path, err) {
+            Error::Other(err) => err,
+            sorted => sorted.into(),
+        }
+    }
+
+    /// `err` sorted: a refusal by the guard, the index at `path` being
+    /// damaged, or its directory being full or not writable.
+    fn classify(path: &Path, err: anyhow::Error) -> Error {
+        if let Some(refusal) = err.downcast_ref::<guard::Refusal>() {
+            return if refusal.damaged {
+                Error::Damaged(err)
+            } else {
+                Error::Refused(err)
+            };
+        }
         if guard::is_damage(&err) {
             let damaged = match guard::inspect(path) {
                 Ok(guard::Found::Damaged(_)) => true,
@@ -299,25 +344,30 @@ impl Store {
                 _ => false,
             };
             if damaged {
-                return err.context(format!(
+                return Error::Damaged(err.context(format!(
                     "the index {} is damaged; `recall index --rebuild` moves it aside and builds a new one",
                     path.display()
-                ));
+                )));
             }
-            return err;
+            return Error::Other(err);
         }
         if is_storage_error(&err)
             && let Some(why) = path.parent().and_then(unwritable)
         {
-            return err.context(format!("cannot write the index {}: {why}", path.display()));
+            return Error::Storage(
+                err.context(format!("cannot write the index {}: {why}", path.display())),
+            );
         }
-        err
+        Error::Other(err)
     }
 
     /// Opens an existing index for reading; a missing file is an error, not a new index.
-    pub fn open_existing(path: &Path) -> Result<Self> {
+    pub fn open_existing(path: &Path) -> Result<Self, Error> {
         if !path.is_file() {
-            bail!("no index at {}: run `recall index` first", path.display());
+            return Err(Error::Other(anyhow::anyhow!(
+                "no index at {}: run `recall index` first",
+                path.display()
+            )));
         }
         Self::open(path)
     }
