@@ -3,7 +3,6 @@
 //! once its vectors for a few stored passages are found to be the index's.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
@@ -45,19 +44,8 @@ impl<'a> Embedders<'a> {
     /// Whether the chain's local engine loads and may write into the index.
     pub(super) fn local_fits(&self) -> bool {
         self.chain
-            .providers()
-            .iter()
-            .filter(|p| p.kind() == crate::provider::Kind::Local)
+            .locals()
             .any(|p| self.may_write(p.as_ref()).is_ok() && p.model_dir().is_some())
-    }
-
-    /// The model directory of the chain's first local engine that loads.
-    pub(super) fn local_model_dir(&self) -> Option<&Path> {
-        self.chain
-            .providers()
-            .iter()
-            .filter(|p| p.kind() == crate::provider::Kind::Local)
-            .find_map(|p| p.model_dir())
     }
 
     /// Whether `p` may write into (and search) the index now; why not otherwise.

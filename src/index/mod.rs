@@ -148,7 +148,7 @@ pub fn run(
     // The local engine may write here: it records its model and, for a
     // BGE-M3 index, re-embeds what a fallback stored without sparse weights.
     let local_fits = embedders.local_fits();
-    if let Some(dir) = embedders.local_model_dir().filter(|_| local_fits) {
+    if let Some(dir) = chain.model_dir().filter(|_| local_fits) {
         // Later runs and searches without --model use the same directory.
         store.set_meta(
             "model_dir",

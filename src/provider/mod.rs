@@ -238,10 +238,17 @@ impl Chain {
     /// The tokenizer of the first local engine in the chain that loads: it
     /// cuts chunks, whichever provider embeds them.
     pub fn tokenizer(&self) -> Option<&TextTokenizer> {
-        self.providers
-            .iter()
-            .filter(|p| p.kind() == Kind::Local)
-            .find_map(|p| p.tokenizer())
+        self.locals().find_map(|p| p.tokenizer())
+    }
+
+    /// The model directory of the first local engine in the chain that loads.
+    pub fn model_dir(&self) -> Option<&Path> {
+        self.locals().find_map(|p| p.model_dir())
+    }
+
+    /// The chain's local engines, in order.
+    pub fn locals(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.providers.iter().filter(|p| p.kind() == Kind::Local)
     }
 }
 
