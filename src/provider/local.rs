@@ -110,10 +110,21 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
         // bf16 vectors are f32's within 0.9995 cosine (docs/bf16.md): the
         // same space, and the same index.
         crate::Dtype::F32 | crate::Dtype::Bf16 => revision,
-        crate::Dtype::Q8 => format!(
-            "{revision}+{}",
-            recall_engine::kernels::quant::Kernel::get().revision_tag()
-        ),
+        crate::Dtype::Q8 => {
+            let tag = recall_engine::kernels::quant::Kernel::get().revision_tag();
+            // Layers run in f32 (where int8 missed the bars on this
+            // model) give other vectors than int8 there.
+            let f32_layers = info.q8.as_ref().map_or(&[][..], |q8| &q8.plan.f32_layers);
+            match f32_layers {
+                [] => format!("{revision}+{tag}"),
+                layers => format!(
+                    "{revision}+{tag}-f32:{}",
+                    (layers.iter().map(usize::to_string))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            }
+        }
     };
     // A model is known by what it is, not by its folder's name: one with
     // BGE-M3's heads is BGE-M3, as `recall serve` names it to its clients.

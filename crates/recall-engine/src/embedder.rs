@@ -10,7 +10,7 @@ use candle_core::Device;
 use rayon::prelude::*;
 
 use crate::dtype::Dtype;
-use crate::encoder::Encoder;
+use crate::encoder::{Encoder, Q8Plan};
 use crate::error::Error;
 use crate::heads::{self, M3Heads};
 use crate::model::{ModelFiles, Pooling, Weights};
@@ -110,9 +110,9 @@ pub struct ModelInfo {
     pub normalize: bool,
     /// The encoder's weights as loaded.
     pub dtype: Dtype,
-    /// For q8: how close its vectors came to f32's on this model
-    /// (`crate::calibrate`).
-    pub q8_fidelity: Option<crate::calibrate::Fidelity>,
+    /// For q8: how it runs this model (layers in f32, outlier channels) and
+    /// how close its vectors came to f32's there (`crate::calibrate`).
+    pub q8: Option<crate::calibrate::Calibration>,
     /// The pack file the encoder's packed layers are mapped from
     /// (`crate::packcache`); `None`: they were packed in memory.
     pub pack_file: Option<PathBuf>,
@@ -174,30 +174,6 @@ impl Embedder {
             Some(_) => (Pooling::Cls, true),
             None => (files.sentence.pooling, files.sentence.normalize),
         };
-        // q8 is checked against f32 on this very model (once per weights file).
-        let check = match options.dtype {
-            Dtype::Q8 if options.device.is_cpu() => Some(crate::calibrate::Check::prepare(
-                &files.encoder,
-                &weights_path,
-                &cache_dir,
-                &tokenizer,
-                pooling,
-            )?),
-            _ => None,
-        };
-        let mut weights = Weights::open(&weights_path)?;
-        let pack_dir = options.pack_cache.then_some(cache_dir.as_path());
-        let encoder = Encoder::load(
-            &files.encoder,
-            &mut weights,
-            &options.device,
-            options.dtype,
-            check.as_ref().map_or(&[], |c| c.outliers()),
-            pack_dir,
-        )
-        .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
-        drop(weights);
-        let q8_fidelity = check.map(|c| c.finish(&encoder)).transpose()?;
         let hidden = files.encoder.hidden_size;
         let heads = match &files.heads {
             Some((colbert, sparse)) => {
@@ -205,6 +181,36 @@ impl Embedder {
             }
             None => None,
         };
+        // q8 is checked against f32 on this very model (once per weights
+        // file), which also says how q8 runs it.
+        let q8 = match options.dtype {
+            Dtype::Q8 if options.device.is_cpu() => Some(crate::calibrate::Calibration::of(
+                &files.encoder,
+                &weights_path,
+                &cache_dir,
+                &tokenizer,
+                &crate::calibrate::Outputs {
+                    pooling,
+                    heads: heads.as_ref(),
+                },
+            )?),
+            _ => None,
+        };
+        if let Some(q8) = &q8 {
+            q8.report(files.encoder.num_layers);
+        }
+        let mut weights = Weights::open(&weights_path)?;
+        let pack_dir = options.pack_cache.then_some(cache_dir.as_path());
+        let encoder = Encoder::load(
+            &files.encoder,
+            &mut weights,
+            &options.device,
+            options.dtype,
+            q8.as_ref().map(|c| &c.plan).unwrap_or(&Q8Plan::default()),
+            pack_dir,
+        )
+        .with_context(|| format!("cannot load the encoder of {}", dir.display()))?;
+        drop(weights);
         let info = ModelInfo {
             dir: dir.to_path_buf(),
             model_type: files.encoder.model_type.clone(),
@@ -218,7 +224,7 @@ impl Embedder {
             pooling,
             normalize,
             dtype: options.dtype,
-            q8_fidelity,
+            q8,
             pack_file: encoder.pack_file().map(Path::to_path_buf),
             load_time: started.elapsed(),
             converted,

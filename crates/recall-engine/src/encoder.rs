@@ -19,7 +19,7 @@ use crate::model::config::EncoderConfig;
 use crate::model::weights::Weights;
 use crate::ops::PackedAttention;
 use crate::packcache::{PackFile, Reader, Writer};
-pub use crate::proj::{Outliers, ProjInputs};
+pub use crate::proj::{Outliers, ProjInputs, Q8Plan};
 use crate::proj::{Proj, ProjWeight, packed_kernel, project, project_add, qkv};
 
 /// Upper bound on one attention score block (heads × query rows × keys), in
@@ -36,6 +36,57 @@ struct Layer {
     intermediate: Proj,
     output: Proj,
     out_norm: LayerNorm,
+}
+
+impl Layer {
+    /// Layer `i` of `weights` in `dtype`, q8 keeping `outliers` in f32; with
+    /// `packs`, its packed weights are the pack file's next parts.
+    fn load(
+        c: &EncoderConfig,
+        weights: &Weights,
+        i: usize,
+        dev: &Device,
+        dtype: Dtype,
+        outliers: &ProjInputs<Vec<usize>>,
+        mut packs: Option<&mut Reader>,
+    ) -> Result<Self> {
+        let (p, h) = (format!("encoder.layer.{i}"), c.hidden_size);
+        let qkv = {
+            let name = format!("{p}.attention.self");
+            let packs = packs.as_deref_mut();
+            let heads = (h, c.num_heads);
+            qkv(weights, &name, heads, dev, dtype, &outliers.qkv, packs)?
+        };
+        let mut proj = |name: &str, shape, outliers| {
+            let packs = packs.as_deref_mut();
+            let name = format!("{p}.{name}");
+            Proj::load(weights, &name, shape, dev, dtype, outliers, packs)
+        };
+        let norm =
+            |name: &str| layer_norm(weights, &format!("{p}.{name}"), h, c.layer_norm_eps, dev);
+        Ok(Self {
+            qkv,
+            attn_out: proj("attention.output.dense", (h, h), &outliers.attn_out)?,
+            attn_norm: norm("attention.output.LayerNorm")?,
+            intermediate: proj(
+                "intermediate.dense",
+                (c.intermediate_size, h),
+                &outliers.intermediate,
+            )?,
+            output: proj("output.dense", (h, c.intermediate_size), &outliers.output)?,
+            out_norm: norm("output.LayerNorm")?,
+        })
+    }
+}
+
+/// What `Encoder::forward_trace` keeps.
+pub struct Trace {
+    /// Each layer's input, then the last layer's output: `[sum of
+    /// lengths, hidden]` each.
+    pub hidden: Vec<Tensor>,
+    /// Per layer, the largest magnitude each input channel of its
+    /// projections reached.
+    pub peaks: Vec<ProjInputs<Vec<f32>>>,
 }
 
 pub struct Encoder {
@@ -65,14 +116,14 @@ impl Encoder {
 
     /// Loads the encoder from `weights`. With `pack_dir`, packed layers are
     /// read from their pack file there (`crate::packcache`), which the
-    /// first load writes. q8 keeps each layer's `outliers` in f32 (a layer
-    /// past the list keeps none).
+    /// first load writes. q8 runs as `plan` says (outlier channels and
+    /// layers in f32).
     pub fn load(
         config: &EncoderConfig,
         weights: &mut Weights,
         device: &Device,
         dtype: Dtype,
-        outliers: &Outliers,
+        plan: &Q8Plan,
         pack_dir: Option<&Path>,
     ) -> Result<Self> {
         if dtype != Dtype::F32 && !device.is_cpu() {
@@ -93,17 +144,17 @@ impl Encoder {
                 weights.path(),
                 header,
                 dtype.as_str(),
-                &packed_kernel(dtype, outliers)?,
+                &packed_kernel(dtype, plan)?,
             )?),
             _ => None,
         };
         let Some(pack_file) = pack_file else {
-            return Self::build(config, weights, device, dtype, outliers, None);
+            return Self::build(config, weights, device, dtype, plan, None);
         };
         let shown = pack_file.path().display();
         match pack_file.open() {
             Ok(Some(mut reader)) => {
-                match Self::build(config, weights, device, dtype, outliers, Some(&mut reader))
+                match Self::build(config, weights, device, dtype, plan, Some(&mut reader))
                     .and_then(|e| reader.finish().map(|()| e))
                 {
                     Ok(encoder) => {
@@ -118,7 +169,7 @@ impl Encoder {
             Ok(None) => tracing::debug!("no packed weights at {shown} yet: packing"),
             Err(e) => tracing::debug!("{shown}: {e:#}: packing again"),
         }
-        let encoder = Self::build(config, weights, device, dtype, outliers, None)?;
+        let encoder = Self::build(config, weights, device, dtype, plan, None)?;
         let mut writer = Writer::default();
         encoder.push_packs(&mut writer);
         if let Err(e) = pack_file.write(&writer) {
@@ -134,7 +185,7 @@ impl Encoder {
         drop(encoder);
         let mapped = pack_file.open().and_then(|reader| {
             let mut reader = reader.context("it is gone")?;
-            let mapped = Self::build(config, weights, device, dtype, outliers, Some(&mut reader))?;
+            let mapped = Self::build(config, weights, device, dtype, plan, Some(&mut reader))?;
             reader.finish().map(|()| mapped)
         });
         match mapped {
@@ -144,7 +195,7 @@ impl Encoder {
             }
             Err(e) => {
                 tracing::warn!("cannot read back {shown} ({e:#}): packing in memory");
-                Self::build(config, weights, device, dtype, outliers, None)
+                Self::build(config, weights, device, dtype, plan, None)
             }
         }
     }
@@ -154,7 +205,7 @@ impl Encoder {
         weights: &Weights,
         device: &Device,
         dtype: Dtype,
-        outliers: &Outliers,
+        plan: &Q8Plan,
         mut packs: Option<&mut Reader>,
     ) -> Result<Self> {
         let c = config;
@@ -173,57 +224,22 @@ impl Encoder {
             )?
             .get(0)?;
         let embed_norm = layer_norm(weights, "embeddings.LayerNorm", h, c.layer_norm_eps, dev)?;
-        let mut layers = Vec::with_capacity(c.num_layers);
         let none = ProjInputs::default();
-        for i in 0..c.num_layers {
-            let p = format!("encoder.layer.{i}");
-            let outliers = match dtype {
-                Dtype::Q8 => outliers.get(i).unwrap_or(&none),
-                Dtype::F32 | Dtype::Bf16 => &none,
-            };
-            let qkv = {
-                let name = format!("{p}.attention.self");
-                let packs = packs.as_deref_mut();
-                let heads = (h, c.num_heads);
-                qkv(weights, &name, heads, dev, dtype, &outliers.qkv, packs)?
-            };
-            let mut proj = |name: &str, shape, outliers| {
-                let packs = packs.as_deref_mut();
-                Proj::load(
-                    weights,
-                    &format!("{p}.{name}"),
-                    shape,
-                    dev,
-                    dtype,
-                    outliers,
-                    packs,
-                )
-            };
-            layers.push(Layer {
-                qkv,
-                attn_out: proj("attention.output.dense", (h, h), &outliers.attn_out)?,
-                attn_norm: layer_norm(
-                    weights,
-                    &format!("{p}.attention.output.LayerNorm"),
-                    h,
-                    c.layer_norm_eps,
-                    dev,
-                )?,
-                intermediate: proj(
-                    "intermediate.dense",
-                    (c.intermediate_size, h),
-                    &outliers.intermediate,
-                )?,
-                output: proj("output.dense", (h, c.intermediate_size), &outliers.output)?,
-                out_norm: layer_norm(
-                    weights,
-                    &format!("{p}.output.LayerNorm"),
-                    h,
-                    c.layer_norm_eps,
-                    dev,
-                )?,
-            });
-        }
+        let layers = (0..c.num_layers)
+            .map(|i| {
+                let dtype = plan.layer_dtype(dtype, i);
+                let outliers = match dtype {
+                    Dtype::Q8 => plan.outliers.get(i).unwrap_or(&none),
+                    Dtype::F32 | Dtype::Bf16 => &none,
+                };
+                // A layer that is not packed (f32 on a CPU without recall's
+                // f32 tile) has nothing in the pack file.
+                let packs = packs
+                    .as_deref_mut()
+                    .filter(|_| ProjWeight::packs(dtype, dev));
+                Layer::load(c, weights, i, dev, dtype, outliers, packs)
+            })
+            .collect::<Result<_>>()?;
         Ok(Self {
             config: config.clone(),
             word_embeddings,
@@ -234,6 +250,15 @@ impl Encoder {
             device: device.clone(),
             pack_file: None,
         })
+    }
+
+    /// Runs layer `i` in f32 from now on (`crate::calibrate`, where q8 there
+    /// costs the model's vectors too much).
+    pub(crate) fn demote(&mut self, i: usize, weights: &Weights) -> Result<()> {
+        let none = ProjInputs::default();
+        let dev = &self.device;
+        self.layers[i] = Layer::load(&self.config, weights, i, dev, Dtype::F32, &none, None)?;
+        Ok(())
     }
 
     fn mapped_from(self, pack_file: &Path) -> Self {
@@ -270,20 +295,42 @@ impl Encoder {
         self.run(inputs, between_layers, None)
     }
 
-    /// `forward`, and for each layer the largest magnitude each channel of
-    /// its projections' inputs reached: where q8 finds the channels it
-    /// keeps in f32 (`quant::outlier_channels`).
-    pub fn forward_peaks(&self, inputs: &[&[u32]]) -> Result<(Tensor, Vec<ProjInputs<Vec<f32>>>)> {
-        let mut peaks = vec![ProjInputs::default(); self.layers.len()];
-        let hidden = self.run(inputs, &|| {}, Some(&mut peaks))?;
-        Ok((hidden, peaks))
+    /// `forward`, keeping what `crate::calibrate` measures q8 against: each
+    /// layer's input and the last one's output, and for each layer the
+    /// largest magnitude each channel of its projections' inputs reached
+    /// (where q8 finds the channels it keeps in f32:
+    /// `quant::outlier_channels`).
+    pub fn forward_trace(&self, inputs: &[&[u32]]) -> Result<Trace> {
+        let mut trace = Trace {
+            hidden: Vec::with_capacity(self.layers.len() + 1),
+            peaks: vec![ProjInputs::default(); self.layers.len()],
+        };
+        let last = self.run(inputs, &|| {}, Some(&mut trace))?;
+        trace.hidden.push(last);
+        Ok(trace)
+    }
+
+    /// Layer `i` alone, on `x` (the hidden states of inputs of `lens`
+    /// tokens, packed).
+    pub(crate) fn layer(&self, i: usize, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
+        let forward = || self.layer_forward(&self.layers[i], x, lens, None);
+        if self.device.is_cpu() {
+            rayon::scope(|_| forward())
+        } else {
+            forward()
+        }
+    }
+
+    /// Layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
     }
 
     fn run(
         &self,
         inputs: &[&[u32]],
         between_layers: &dyn Fn(),
-        mut peaks: Option<&mut [ProjInputs<Vec<f32>>]>,
+        mut trace: Option<&mut Trace>,
     ) -> Result<Tensor> {
         let c = &self.config;
         let lens: Vec<usize> = inputs.iter().map(|ids| ids.len()).collect();
@@ -313,7 +360,10 @@ impl Encoder {
         let mut hidden = self.embed_norm.forward(&embedded)?;
         for (i, layer) in self.layers.iter().enumerate() {
             between_layers();
-            let peaks = peaks.as_deref_mut().map(|p| &mut p[i]);
+            let peaks = trace.as_deref_mut().map(|t| {
+                t.hidden.push(hidden.clone());
+                &mut t.peaks[i]
+            });
             let forward = || self.layer_forward(layer, &hidden, &lens, peaks);
             // On a rayon worker, each parallel op inside the layer puts its
             // tasks on the pool's own queues; from any other thread, every

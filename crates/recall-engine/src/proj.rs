@@ -46,8 +46,30 @@ impl<T> ProjInputs<T> {
 }
 
 /// The channels of each layer's projection inputs that q8 keeps in f32
-/// (`quant::outlier_channels`), from `Encoder::forward_peaks`.
+/// (`quant::outlier_channels`), from `Encoder::forward_trace`.
 pub type Outliers = [ProjInputs<Vec<usize>>];
+
+/// How q8 runs a model, from `crate::calibrate`: the input channels each
+/// layer's projections keep out of the int8 product, and the layers that
+/// run wholly in f32 because int8 there took the model's vectors below the
+/// fidelity bar.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Q8Plan {
+    /// Per layer (a layer past the list keeps none).
+    pub outliers: Vec<ProjInputs<Vec<usize>>>,
+    /// Ascending.
+    pub f32_layers: Vec<usize>,
+}
+
+impl Q8Plan {
+    /// The dtype layer `i` of a `dtype` encoder runs in.
+    pub(crate) fn layer_dtype(&self, dtype: Dtype, i: usize) -> Dtype {
+        match dtype {
+            Dtype::Q8 if self.f32_layers.contains(&i) => Dtype::F32,
+            other => other,
+        }
+    }
+}
 
 pub(crate) enum ProjWeight {
     F32(Tensor),
@@ -112,22 +134,28 @@ impl ProjWeight {
 }
 
 /// The kernel `dtype`'s packed layers are laid out for on this CPU, as a
-/// pack file names it; q8's with its weights' revision and outlier
-/// channels (a digest of them: they decide what is packed).
-pub(crate) fn packed_kernel(dtype: Dtype, outliers: &Outliers) -> Result<String> {
+/// pack file names it; q8's with its weights' revision, outlier channels
+/// (a digest of them: they decide what is packed) and the layers packed
+/// for the f32 kernel instead.
+pub(crate) fn packed_kernel(dtype: Dtype, plan: &Q8Plan) -> Result<String> {
+    let f32_kernel = || format!("{:?}", crate::kernels::matmul::PackedKernel::get());
     Ok(match dtype {
-        Dtype::F32 => format!("{:?}", crate::kernels::matmul::PackedKernel::get()),
+        Dtype::F32 => f32_kernel(),
         Dtype::Bf16 => format!("{:?}", crate::kernels::bf16::Bf16Kernel::get()),
         Dtype::Q8 => {
             use sha2::{Digest, Sha256};
             let kernel = crate::kernels::quant::Kernel::get();
-            let digest = Sha256::digest(serde_json::to_vec(outliers)?);
+            let digest = Sha256::digest(serde_json::to_vec(&plan.outliers)?);
             let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
             // "in panels": the layout of the f32 channels' weights.
-            format!(
+            let mut name = format!(
                 "{kernel:?} {} outliers {short} in panels",
                 kernel.revision_tag()
-            )
+            );
+            if !plan.f32_layers.is_empty() {
+                name += &format!(", layers {:?} {}", plan.f32_layers, f32_kernel());
+            }
+            name
         }
     })
 }

@@ -210,7 +210,7 @@ unsafe fn add_avx2(xs: &[f32], weights: &[f32], out: *mut f32, rows: usize, stri
 /// The input channels a layer keeps out of its int8 product, from the
 /// largest magnitude each reached on calibration texts (`peaks`): those
 /// over OUTLIER_RATIO times the median channel's, the largest `k / 32` at
-/// most. Real checkpoints have such "outlier dimensions": all-MiniLM-L6-v2
+/// most (MIN_OUTLIER_LIMIT in a narrow layer). Real checkpoints have such "outlier dimensions": all-MiniLM-L6-v2
 /// in a few channels of most layers' inputs, and the RoBERTa family (XLM-R
 /// and so BGE-M3 among them) is known for them.
 pub fn outlier_channels(peaks: &[f32]) -> Vec<usize> {
@@ -223,7 +223,7 @@ pub fn outlier_channels(peaks: &[f32]) -> Vec<usize> {
         .filter(|&c| peaks[c] > OUTLIER_RATIO * median)
         .collect();
     channels.sort_by(|&a, &b| peaks[b].total_cmp(&peaks[a]));
-    channels.truncate(peaks.len() / 32);
+    channels.truncate((peaks.len() / 32).max(MIN_OUTLIER_LIMIT));
     channels.sort_unstable();
     channels
 }
@@ -236,6 +236,13 @@ pub fn outlier_channels(peaks: &[f32]) -> Vec<usize> {
 /// 7-bit ones; 3× is the best of the worse path. Scored on other texts
 /// only (tests/q8_outliers.rs).
 const OUTLIER_RATIO: f32 = 3.0;
+
+/// The fewest channels a layer may keep in f32, however narrow: outlier
+/// dimensions come a handful to a model, whatever its width (BERT's and
+/// RoBERTa's reported ones: two to a few), so a 32-wide layer must keep as
+/// many as a 1024-wide one. Layers of 256 or more (MiniLM's, BGE-M3's) are
+/// held by `k / 32` instead.
+const MIN_OUTLIER_LIMIT: usize = 8;
 
 impl QLinear {
     /// Quantises and packs `w: [n, k]` (row-major f32).
@@ -1455,6 +1462,11 @@ pub(crate) mod tests {
             *p = 100.0 + c as f32;
         }
         assert_eq!(outlier_channels(&many), (28..40).collect::<Vec<_>>());
+        // A narrow layer keeps up to MIN_OUTLIER_LIMIT (8), not k / 32 (1):
+        // of 10 channels ×10, the two smallest (0 and 7, at 20) stay.
+        let mut narrow = peaks[..32].to_vec();
+        narrow[..10].iter_mut().for_each(|p| *p *= 10.0);
+        assert_eq!(outlier_channels(&narrow), vec![1, 2, 3, 4, 5, 6, 8, 9]);
         assert_eq!(outlier_channels(&[]), Vec::<usize>::new());
     }
 
