@@ -14,7 +14,9 @@ benchmarks feed token ids directly.
 --with-bin also writes pytorch_model.bin (what BAAI/bge-m3 ships), to time
 the one-time conversion. --outliers scales N channels of every encoder
 LayerNorm by F (as tests/common's outlier_model does to the small models),
-to time q8's outlier channels (default out: models/bge-m3-random-outliers).
+to time q8's outlier channels (default out: models/bge-m3-random-outliers);
+q8's calibration may run some of that model's layers in f32 (it says which),
+and its timings then include them.
 Needs torch and safetensors (scripts/dev-venv.sh).
 About 2.3 GB per weights file.
 """

@@ -34,7 +34,7 @@ if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen cargo test "$@" --workspace --lib --test bge_m3_parity --test minilm --test eval \
     -- --skip defaults_are_the_best_on_dev
 fi
-RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval \
+RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval --test q8_outliers \
   -- --skip defaults_are_the_best_on_dev
 # aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, clippy for
 # that target, and the parity and evaluation tests under qemu-aarch64 with

@@ -118,6 +118,19 @@ fn check_on(base: &Path, colbert: bool) {
                 checked(&q8.stderr).unwrap_or_else(|| panic!("no check ran: {}", q8.stderr));
             let (in_f32, layers) = f32_layers(&q8.stderr);
             let warned = q8.stderr.contains("q8 saves little");
+            // Int8 in every layer below the bar: layers moved, and said so.
+            // Nothing moved: the plan's measure is int8's own.
+            if int8 < recall_engine::calibrate::FIDELITY_BAR {
+                assert!(in_f32 > 0 && layers.is_some(), "{}", q8.stderr);
+            }
+            if in_f32 == 0 {
+                assert_eq!(measured, int8, "{}", q8.stderr);
+            }
+            if colbert {
+                assert!(!f32.colbert.is_empty(), "no ColBERT vectors");
+                let tokens = |e: &Embedded| e.colbert.iter().map(Vec::len).collect::<Vec<_>>();
+                assert_eq!(tokens(&f32), tokens(&q8));
+            }
             let cosines: Vec<f32> = f32
                 .dense
                 .iter()
@@ -138,9 +151,25 @@ fn check_on(base: &Path, colbert: bool) {
             if min < 0.995 || mean < 0.998 || colbert_min < 0.99 || (channels == 0 && in_f32 > 0) {
                 wrong.push(row.clone());
             }
-            // The second load reads the result instead of measuring again,
-            // and runs the same layers in f32.
+            // The first load packed the layers (those in f32 included) into
+            // a pack file; the second reads the check's result instead of
+            // measuring again, runs the same layers in f32, and maps that
+            // file.
+            // (Unless nothing is packed: every layer in f32 where f32 runs on
+            // candle's matmul.)
+            let candle = std::env::var("RECALL_MATMUL").is_ok_and(|m| m == "candle");
+            let packed = !(candle && layers == Some(in_f32));
+            assert!(
+                !packed || q8.stderr.contains("packed weights kept in"),
+                "{}",
+                q8.stderr
+            );
             let again = embed(&model, cache.path(), Some(kernel), false);
+            assert!(
+                !packed || again.stderr.contains("packed weights read from"),
+                "{}",
+                again.stderr
+            );
             assert_eq!(
                 checked(&again.stderr),
                 None,
@@ -193,6 +222,11 @@ fn layers_in_f32_are_part_of_the_q8_revision() {
         "{}",
         planned.revision
     );
+    // An index of one plan refuses the vectors of another (here: int8 in
+    // every layer), and the other way round.
+    let mut int8 = planned.clone();
+    int8.revision = int8.revision.split("-f32:").next().unwrap().to_string();
+    assert!(!planned.accepts(&int8) && !int8.accepts(&planned));
     let shipped = load_q8(&minilm_dir(), cache.path()).unwrap();
     let plain = identity_of(&shipped, None);
     assert!(

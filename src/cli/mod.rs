@@ -314,8 +314,9 @@ pub struct ModelArgs {
     /// Weights of the encoder's linear layers: f32 (as the checkpoint); bf16 (rounded at
     /// load: half the memory, 1.5-2× f32's speed on a Zen 4 with AVX512_BF16, vectors
     /// within 0.9995 cosine of f32, in the same index as f32); or q8 (int8, quantised at
-    /// load: several times faster on CPUs with AVX-512 VNNI, vectors within about 0.99
-    /// cosine of f32; an index keeps to one of them). CPU only.
+    /// load: several times faster on CPUs with AVX-512 VNNI, vectors within 0.995 cosine
+    /// of f32 on recall's check texts, where the layers int8 cannot hold run in f32; an
+    /// index keeps to one of them). CPU only.
     #[arg(
         long,
         value_name = "DTYPE",

@@ -72,8 +72,8 @@ pub const MEAN_BAR: f32 = 0.998;
 /// must reach on a model with BGE-M3's heads.
 pub const COLBERT_BAR: f32 = 0.99;
 
-/// Bumped when `TEXTS`, the measure or the plan change: older results are
-/// measured again.
+/// Bumped when `TEXTS`, the measure, the bars or the plan change: older
+/// results are measured again.
 const VERSION: u32 = 3;
 
 /// q8 against f32 on [`TEXTS`].
@@ -387,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn both_bars_hold_or_it_does_not() {
+    fn every_bar_holds_or_it_does_not() {
         let at = |min_cosine, mean_cosine, colbert_min_cosine| {
             Fidelity {
                 min_cosine,

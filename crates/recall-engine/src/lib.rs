@@ -29,7 +29,8 @@
 //! as candle operations) and [`kernels`] (the CPU kernels and the one place
 //! that decides which run). [`model`] opens a model directory; [`packcache`]
 //! keeps packed weights on disk between starts; [`calibrate`] measures q8
-//! against f32 on the model being loaded.
+//! against f32 on the model being loaded and decides how q8 runs it (its
+//! outlier channels, and the layers that run in f32).
 
 pub mod attention;
 pub mod calibrate;

@@ -210,9 +210,10 @@ unsafe fn add_avx2(xs: &[f32], weights: &[f32], out: *mut f32, rows: usize, stri
 /// The input channels a layer keeps out of its int8 product, from the
 /// largest magnitude each reached on calibration texts (`peaks`): those
 /// over OUTLIER_RATIO times the median channel's, the largest `k / 32` at
-/// most (MIN_OUTLIER_LIMIT in a narrow layer). Real checkpoints have such "outlier dimensions": all-MiniLM-L6-v2
-/// in a few channels of most layers' inputs, and the RoBERTa family (XLM-R
-/// and so BGE-M3 among them) is known for them.
+/// most (MIN_OUTLIER_LIMIT in a narrow layer). Real checkpoints have such
+/// "outlier dimensions": all-MiniLM-L6-v2 in a few channels of most
+/// layers' inputs, and the RoBERTa family (XLM-R and so BGE-M3 among them)
+/// is known for them.
 pub fn outlier_channels(peaks: &[f32]) -> Vec<usize> {
     let mut sorted = peaks.to_vec();
     sorted.sort_by(f32::total_cmp);
@@ -237,11 +238,11 @@ pub fn outlier_channels(peaks: &[f32]) -> Vec<usize> {
 /// only (tests/q8_outliers.rs).
 const OUTLIER_RATIO: f32 = 3.0;
 
-/// The fewest channels a layer may keep in f32, however narrow: outlier
-/// dimensions come a handful to a model, whatever its width (BERT's and
-/// RoBERTa's reported ones: two to a few), so a 32-wide layer must keep as
-/// many as a 1024-wide one. Layers of 256 or more (MiniLM's, BGE-M3's) are
-/// held by `k / 32` instead.
+/// The most channels a layer may keep in f32 is at least this, however
+/// narrow: outlier dimensions come a handful to a model, whatever its width
+/// (BERT's and RoBERTa's reported ones: two to a few), so a 32-wide layer
+/// needs room for them too. Layers of 256 or more (MiniLM's, BGE-M3's)
+/// are held by `k / 32` instead, so this changes nothing there.
 const MIN_OUTLIER_LIMIT: usize = 8;
 
 impl QLinear {
@@ -488,6 +489,13 @@ impl RowLoops {
             }
             // (Not on x86.)
             Kernel::Sdot | Kernel::I8mm | Kernel::Portable => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if matches!(kernel, Kernel::Sdot | Kernel::I8mm) {
+            return Self {
+                range: neon::range,
+                quantize: neon::quantize,
+            };
         }
         let _ = kernel;
         Self {
@@ -777,6 +785,54 @@ mod avx2 {
                 let bytes = _mm256_packus_epi16(words.0, words.1);
                 let bytes = _mm256_permutevar8x32_epi32(bytes, order);
                 _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, bytes);
+            }
+        }
+        for (q, &v) in q[lanes..].iter_mut().zip(&row[lanes..]) {
+            *q = (v * inv + shift).clamp(0.0, 255.0) as u8;
+        }
+    }
+}
+
+/// The NEON versions of the portable `RowLoops` (every aarch64 CPU has
+/// NEON), as `avx512`'s: the same floats in the same order, so the same
+/// bytes. `fminnm`/`fmaxnm`, not `fmin`/`fmax`, which would keep a NaN;
+/// a multiply then an add, not `fmla`, which would round once.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    /// `(min(0, row), max(0, row))`.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn range(row: &[f32]) -> (f32, f32) {
+        let (mut lo, mut hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+        let chunks = row.chunks_exact(4);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let v = unsafe { vld1q_f32(c.as_ptr()) };
+            lo = vminnmq_f32(lo, v);
+            hi = vmaxnmq_f32(hi, v);
+        }
+        let (lo, hi) = (vminnmvq_f32(lo), vmaxnmvq_f32(hi));
+        tail.iter()
+            .fold((lo, hi), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+    }
+
+    /// `q = clamp(v · inv + shift, 0, 255)` truncated, as the portable loop.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn quantize(q: &mut [u8], row: &[f32], inv: f32, shift: f32) {
+        let (inv_v, shift_v) = (vdupq_n_f32(inv), vdupq_n_f32(shift));
+        let (zero, top) = (vdupq_n_f32(0.0), vdupq_n_f32(255.0));
+        let lanes = row.len() / 8 * 8;
+        for i in (0..lanes).step_by(8) {
+            unsafe {
+                let ints: [uint32x4_t; 2] = std::array::from_fn(|j| {
+                    let v = vld1q_f32(row.as_ptr().add(i + 4 * j));
+                    let v = vaddq_f32(vmulq_f32(v, inv_v), shift_v);
+                    // maxnm(NaN, 0) is 0, as `clamp` then `as u8` make it.
+                    vcvtq_u32_f32(vminnmq_f32(vmaxnmq_f32(v, zero), top))
+                });
+                let words = vcombine_u16(vmovn_u32(ints[0]), vmovn_u32(ints[1]));
+                vst1_u8(q.as_mut_ptr().add(i), vmovn_u16(words));
             }
         }
         for (q, &v) in q[lanes..].iter_mut().zip(&row[lanes..]) {
@@ -1290,6 +1346,8 @@ pub(crate) mod tests {
                 (Kernel::Avx2, avx2),
                 (Kernel::AvxVnni, avx2),
                 (Kernel::Vnni, vnni),
+                // The NEON loops: every aarch64 CPU runs them.
+                (Kernel::Sdot, cfg!(target_arch = "aarch64")),
             ] {
                 if run {
                     let b = QuantRows::with(&x, m, k, kp, RowLoops::of(kernel), levels, &[]);
@@ -1520,7 +1578,10 @@ pub(crate) mod tests {
 
     #[test]
     fn symmetric_rows_are_the_same_bytes_with_vector_loops() {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        #[cfg_attr(
+            not(any(target_arch = "x86_64", target_arch = "aarch64")),
+            allow(unused_mut)
+        )]
         let mut kernels: Vec<Kernel> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
@@ -1531,6 +1592,9 @@ pub(crate) mod tests {
                 kernels.extend([Kernel::Avx2, Kernel::AvxVnni]);
             }
         }
+        // The NEON loops: every aarch64 CPU runs them.
+        #[cfg(target_arch = "aarch64")]
+        kernels.extend([Kernel::Sdot]);
         if kernels.is_empty() {
             eprintln!("this CPU has no vector loop: only the portable one runs");
         }
