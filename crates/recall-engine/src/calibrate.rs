@@ -209,7 +209,7 @@ impl Calibration {
             // f32's on the same (f32) input.
             let mut strays = (0..q8.num_layers())
                 .map(|i| {
-                    let got = q8.layer(i, &trace.hidden[i], &lens)?;
+                    let got = q8.layer(i, &trace.hidden[i], &lens, None)?;
                     Ok((relative_error(&got, &trace.hidden[i + 1])?, i))
                 })
                 .collect::<Result<Vec<(f32, usize)>>>()?;

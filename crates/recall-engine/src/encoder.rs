@@ -311,9 +311,21 @@ impl Encoder {
     }
 
     /// Layer `i` alone, on `x` (the hidden states of inputs of `lens`
-    /// tokens, packed).
-    pub(crate) fn layer(&self, i: usize, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
-        let forward = || self.layer_forward(&self.layers[i], x, lens, None);
+    /// tokens, packed); with `peaks`, noting its inputs' largest values.
+    pub(crate) fn layer(
+        &self,
+        i: usize,
+        x: &Tensor,
+        lens: &[usize],
+        peaks: Option<&mut ProjInputs<Vec<f32>>>,
+    ) -> Result<Tensor> {
+        let forward = || self.layer_forward(&self.layers[i], x, lens, peaks);
+        // On a rayon worker, each parallel op inside the layer puts its
+        // tasks on the pool's own queues; from any other thread, every op
+        // hands its work over and sleeps until it is done: two wake-ups per
+        // op, a few hundred per forward pass. A 16-token query took 78-92 ms
+        // instead of 90-113 (q8: 24-34 against 31-43). GPUs keep their
+        // thread.
         if self.device.is_cpu() {
             rayon::scope(|_| forward())
         } else {
@@ -358,25 +370,14 @@ impl Encoder {
             .add(&self.position_embeddings.index_select(&positions, 0)?)?
             .broadcast_add(&self.token_type_row)?;
         let mut hidden = self.embed_norm.forward(&embedded)?;
-        for (i, layer) in self.layers.iter().enumerate() {
+        for i in 0..self.layers.len() {
             between_layers();
             let peaks = trace.as_deref_mut().map(|t| {
                 t.hidden.push(hidden.clone());
                 &mut t.peaks[i]
             });
-            let forward = || self.layer_forward(layer, &hidden, &lens, peaks);
-            // On a rayon worker, each parallel op inside the layer puts its
-            // tasks on the pool's own queues; from any other thread, every
-            // op hands its work over and sleeps until it is done: two
-            // wake-ups per op, a few hundred per forward pass. A 16-token
-            // query took 78-92 ms instead of 90-113 (q8: 24-34 against
-            // 31-43). GPUs keep their thread.
-            hidden = if self.device.is_cpu() {
-                rayon::scope(|_| forward())
-            } else {
-                forward()
-            }
-            .with_context(|| format!("encoder layer {i}"))?;
+            hidden = (self.layer(i, &hidden, &lens, peaks))
+                .with_context(|| format!("encoder layer {i}"))?;
         }
         Ok(hidden)
     }
