@@ -40,3 +40,6 @@ RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test e
 # that target, and the parity and evaluation tests under qemu-aarch64 with
 # the dot product and without (scripts/aarch64.sh).
 bash scripts/aarch64.sh "$@"
+# macOS (Apple Silicon): clippy -D warnings for aarch64-apple-darwin, with
+# the Metal feature; type-checked, not linked (scripts/macos.sh).
+bash scripts/macos.sh

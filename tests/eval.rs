@@ -71,11 +71,16 @@ fn metrics(corpus: &Corpus, answers: &Answers, kinds: &[&str]) -> (f64, f64, usi
 }
 
 /// One history of the evaluation, written by the real Hermes, and its labels.
+/// A history `root` already holds with its index (`RECALL_EVAL_DIR`) is
+/// kept as it is.
 fn eval_home(root: &Path, split: &str) -> (PathBuf, Corpus) {
     let corpus_path = repo_root().join(format!("tests/hermes/eval/{split}.json"));
     let corpus: Corpus =
         serde_json::from_str(&std::fs::read_to_string(&corpus_path).unwrap()).unwrap();
     let home = root.join(split);
+    if home.join("recall/index.db").exists() {
+        return (home, corpus);
+    }
     hermes_db(&[
         "eval-create",
         home.to_str().unwrap(),
@@ -211,11 +216,28 @@ fn weak_share(corpus: &Corpus, answers: &Answers) -> f64 {
     weak as f64 / found.max(1) as f64
 }
 
+/// Where `search_holds_its_floors_on_the_test_history` writes and indexes
+/// the test history: a new temporary directory, or `RECALL_EVAL_DIR`, where
+/// a history indexed by an earlier run is searched as it is (nothing
+/// written, nothing embedded but the queries). `scripts/aarch64.sh` indexes
+/// it natively and searches it under qemu, where indexing it would take
+/// longer than CI has.
+fn eval_root() -> (Option<tempfile::TempDir>, PathBuf) {
+    match std::env::var_os("RECALL_EVAL_DIR") {
+        Some(dir) => (None, PathBuf::from(dir)),
+        None => {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().to_path_buf();
+            (Some(tmp), root)
+        }
+    }
+}
+
 #[test]
 fn search_holds_its_floors_on_the_test_history() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (_tmp, root) = eval_root();
     let cache = tempfile::tempdir().unwrap();
-    let ranker = Ranker::minilm(tmp.path(), cache.path(), "test");
+    let ranker = Ranker::minilm(&root, cache.path(), "test");
     let corpus = &ranker.corpus;
     let answers = ranker.answers(&defaults());
     // Large indexes take the binary first pass: the same answers.

@@ -1136,6 +1136,7 @@ unsafe fn tile_smmla(tile: &Tile, out: *mut f32, stride: usize) {
     assert!(tile.x.len() >= TILE_ROWS * row_bytes && tile.panel.len() >= kp * PANEL);
     let groups = kp / GROUP;
     let octets = row_bytes / 8;
+    debug_assert_eq!(octets, groups.div_ceil(2), "kp is a multiple of GROUP");
     let ahead = Prefetch::new(tile.ahead, octets * PANEL / COLS);
     for c0 in (0..PANEL).step_by(COLS) {
         unsafe {
@@ -1143,32 +1144,39 @@ unsafe fn tile_smmla(tile: &Tile, out: *mut f32, stride: usize) {
             let mut acc = [[vdupq_n_s32(0); COLS / 2]; PAIRS];
             let (x, w) = (tile.x.as_ptr(), tile.panel.as_ptr().add(c0 * GROUP));
             let step = c0 / COLS * octets;
-            for h in 0..octets {
+            // Groups 2h and 2h + 1 (zeros for the second past the last),
+            // 4 columns a register: zipped by 4-byte lanes, a column's 8
+            // bytes. `paired` is a constant at each call below, so the loop
+            // over whole pairs makes no zeros.
+            let mut octet = |h: usize, paired: bool| {
                 if !tile.ahead.is_empty() {
                     ahead.step(step + h);
                 }
-                // Groups 2h and 2h + 1 (none past the last), 4 columns a
-                // register: zipped by 4-byte lanes, a column's 8 bytes.
                 let first = w.add(2 * h * PANEL * GROUP);
                 let load = |at: usize| vreinterpretq_s32_s8(vld1q_s8(first.add(at)));
                 let (a0, a1) = (load(0), load(16));
-                let (b0, b1) = match 2 * h + 1 < groups {
+                let (b0, b1) = match paired {
                     true => (load(PANEL * GROUP), load(PANEL * GROUP + 16)),
                     false => (vdupq_n_s32(0), vdupq_n_s32(0)),
                 };
                 let wv = [
-                    vzip1q_s32(a0, b0),
-                    vzip2q_s32(a0, b0),
-                    vzip1q_s32(a1, b1),
-                    vzip2q_s32(a1, b1),
-                ]
-                .map(|v| vreinterpretq_s8_s32(v));
+                    vreinterpretq_s8_s32(vzip1q_s32(a0, b0)),
+                    vreinterpretq_s8_s32(vzip2q_s32(a0, b0)),
+                    vreinterpretq_s8_s32(vzip1q_s32(a1, b1)),
+                    vreinterpretq_s8_s32(vzip2q_s32(a1, b1)),
+                ];
                 for (p, acc) in acc.iter_mut().enumerate() {
                     let xv = vld1q_s8(x.add(2 * p * row_bytes + 16 * h) as *const i8);
                     for (acc, &wv) in acc.iter_mut().zip(&wv) {
                         *acc = smmla(*acc, xv, wv);
                     }
                 }
+            };
+            for h in 0..groups / 2 {
+                octet(h, true);
+            }
+            if groups % 2 == 1 {
+                octet(groups / 2, false);
             }
             for (p, acc) in acc.iter().enumerate() {
                 for half in 0..2 {
