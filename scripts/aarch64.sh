@@ -44,12 +44,14 @@ cargo clippy --target "$target" --workspace --all-targets -- -D warnings
 
 # The tests read this to find the real all-MiniLM-L6-v2 (scripts/test.sh
 # sets it).
-: "${RECALL_TEST_MINILM:=$(bash scripts/fetch_test_models.sh | tail -n 1)}"
+if [ -z "${RECALL_TEST_MINILM:-}" ]; then
+  RECALL_TEST_MINILM="$(bash scripts/fetch_test_models.sh | tail -n 1)"
+fi
 export RECALL_TEST_MINILM
 
 # The retrieval evaluation (tests/eval.rs). Indexing its test history under
 # qemu takes longer than CI has: qemu emulates floating point in software,
-# so f32 MiniLM runs about 90x slower than natively (one indexing ran past
+# so f32 MiniLM runs about 45x slower than natively (one indexing ran past
 # 14 minutes with 45 of 305 messages done). So the history is written and
 # indexed natively (x86-64), then searched under qemu against the same
 # floors: every query embedded by the NEON tile, and the ranking,
@@ -57,7 +59,9 @@ export RECALL_TEST_MINILM
 # minutes). Its passages' vectors are the parity tests' (f32 within 1e-5 of
 # sentence-transformers). RECALL_AARCH64_EVAL=1 runs all of tests/eval.rs
 # under qemu instead, indexing included (slow).
-: "${RECALL_TEST_HERMES_PYTHON:=$(bash scripts/hermes_venv.sh | tail -n 1)}"
+if [ -z "${RECALL_TEST_HERMES_PYTHON:-}" ]; then
+  RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
+fi
 export RECALL_TEST_HERMES_PYTHON
 tests=(--workspace --lib --test bge_m3_parity --test minilm)
 if [ "${RECALL_AARCH64_EVAL:-0}" = 1 ]; then

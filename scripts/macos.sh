@@ -7,8 +7,8 @@
 # macOS.
 #
 # Not a build: there is no macOS SDK here, so nothing is linked or run, and
-# the C sources of dependencies (SQLite, sqlite-vec, oniguruma, mimalloc)
-# are not compiled: a stand-in C compiler answers cc's probes as clang and
+# the C and assembly sources of dependencies (SQLite, sqlite-vec, oniguruma,
+# mimalloc, ring, among others) are not compiled: a stand-in C compiler answers cc's probes as clang and
 # writes empty objects, which `cargo clippy` never links.
 #
 # Installs the Rust target (rustup) when missing.

@@ -37,8 +37,9 @@ fi
 RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval --test q8_outliers \
   -- --skip defaults_are_the_best_on_dev
 # aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, clippy for
-# that target, and the parity and evaluation tests under qemu-aarch64 with
-# the dot product and without (scripts/aarch64.sh).
+# that target, the unit and parity tests under qemu-aarch64 with the dot
+# product and without, and the evaluation's searches on a natively indexed
+# test history (scripts/aarch64.sh).
 bash scripts/aarch64.sh "$@"
 # macOS (Apple Silicon): clippy -D warnings for aarch64-apple-darwin, with
 # the Metal feature; type-checked, not linked (scripts/macos.sh).

@@ -218,8 +218,9 @@ fn weak_share(corpus: &Corpus, answers: &Answers) -> f64 {
 
 /// Where `search_holds_its_floors_on_the_test_history` writes and indexes
 /// the test history: a new temporary directory, or `RECALL_EVAL_DIR`, where
-/// a history indexed by an earlier run is searched as it is (nothing
-/// written, nothing embedded but the queries). `scripts/aarch64.sh` indexes
+/// a history indexed by an earlier run is searched as it is (the history
+/// not rewritten, nothing re-embedded: only the queries are). Give it a new
+/// directory: only the index's presence is checked. `scripts/aarch64.sh` indexes
 /// it natively and searches it under qemu, where indexing it would take
 /// longer than CI has.
 fn eval_root() -> (Option<tempfile::TempDir>, PathBuf) {

@@ -1136,7 +1136,7 @@ unsafe fn tile_smmla(tile: &Tile, out: *mut f32, stride: usize) {
     assert!(tile.x.len() >= TILE_ROWS * row_bytes && tile.panel.len() >= kp * PANEL);
     let groups = kp / GROUP;
     let octets = row_bytes / 8;
-    debug_assert_eq!(octets, groups.div_ceil(2), "kp is a multiple of GROUP");
+    debug_assert!(kp.is_multiple_of(GROUP), "kp {kp} is a multiple of GROUP");
     let ahead = Prefetch::new(tile.ahead, octets * PANEL / COLS);
     for c0 in (0..PANEL).step_by(COLS) {
         unsafe {
