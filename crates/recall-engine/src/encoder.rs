@@ -376,7 +376,8 @@ impl Encoder {
                 t.hidden.push(hidden.clone());
                 &mut t.peaks[i]
             });
-            hidden = (self.layer(i, &hidden, &lens, peaks))
+            hidden = self
+                .layer(i, &hidden, &lens, peaks)
                 .with_context(|| format!("encoder layer {i}"))?;
         }
         Ok(hidden)
