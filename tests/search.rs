@@ -33,13 +33,18 @@ fn home() -> &'static Path {
 
 /// `recall search --json QUERY EXTRA...`: the results.
 fn search(query: &str, extra: &[&str]) -> Vec<Value> {
+    search_in(home(), query, extra)
+}
+
+/// `recall search --json QUERY EXTRA...` in the history at `home`.
+fn search_in(home: &Path, query: &str, extra: &[&str]) -> Vec<Value> {
     let minilm = minilm_dir();
     let mut args = vec![
         "search",
         "--json",
         query,
         "--hermes-home",
-        home().to_str().unwrap(),
+        home.to_str().unwrap(),
         "--model",
         minilm.to_str().unwrap(),
     ];
@@ -82,6 +87,79 @@ fn a_paraphrase_finds_the_session_keywords_miss() {
     assert!(r["when"].as_str().unwrap().ends_with('Z'));
     assert!(!r["snippet"].as_str().unwrap().is_empty());
     assert!(r["score"].as_f64().unwrap() > 0.0);
+}
+
+/// Everyday conversations (`tests/hermes/chat/`), all about one person's
+/// life, so every session is near every question: each question, asked as
+/// a user asks it, finds its session first and points at (or next to) the
+/// turn that answers it; topics never discussed get only weak results.
+#[test]
+fn questions_about_everyday_life_find_the_turn_that_answers() {
+    #[derive(serde::Deserialize)]
+    struct History {
+        questions: Vec<Question>,
+        absent: Vec<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Question {
+        query: String,
+        session: String,
+        answer: usize,
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    let file = repo_root().join("tests/hermes/chat/history.json");
+    let ids = hermes_db(&[
+        "chat-create",
+        home.to_str().unwrap(),
+        file.to_str().unwrap(),
+    ])["ids"]
+        .clone();
+    let minilm = minilm_dir();
+    let (ok, _, err) = recall_cli(&[
+        "index",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        minilm.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let history: History = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    // Each question's session comes first, opened within two messages of
+    // the answer (what Hermes's `session_search(around_message_id=…)`
+    // shows around it); most point at the answering turn itself, and few
+    // right answers are marked weak.
+    let (mut wrong, mut exact, mut weak) = (Vec::new(), 0, 0);
+    for q in &history.questions {
+        let results = search_in(&home, &q.query, &[]);
+        let session = ids[&q.session].as_array().unwrap();
+        let answer = session[q.answer].as_i64().unwrap();
+        let first = &results[0];
+        let at = first["match_message_id"].as_i64().unwrap_or(0);
+        let near = session
+            .iter()
+            .position(|m| m.as_i64() == Some(at))
+            .is_some_and(|i| i.abs_diff(q.answer) <= 2);
+        if first_session(&results) != q.session || !near {
+            wrong.push(format!(
+                "{:?}: want {} message {answer}, got {} message {at}",
+                q.query, q.session, first["session_id"]
+            ));
+        }
+        exact += (at == answer) as usize;
+        weak += (first["weak"] == true) as usize;
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let n = history.questions.len();
+    assert!(exact * 2 >= n, "{exact} of {n} point at the answering turn");
+    assert!(weak * 5 <= n, "{weak} of {n} right answers are marked weak");
+    for query in &history.absent {
+        let results = search_in(&home, query, &[]);
+        assert!(
+            results.iter().all(|r| r["weak"] == true),
+            "{query:?} is never discussed: {results:?}"
+        );
+    }
 }
 
 #[test]

@@ -215,10 +215,42 @@ fn a_layout_1_index_gets_its_codes() {
     let path = store.path().to_path_buf();
     drop(store);
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.meta("layout").unwrap().as_deref(), Some("2"));
+    assert_eq!(store.meta("layout").unwrap().as_deref(), Some("3"));
     assert_eq!(
         store.count("SELECT count(*) FROM chunk_codes").unwrap(),
         2_000
     );
     assert_eq!(top_ids(&store, &queries[0], Strategy::Binary), want);
+}
+
+#[test]
+fn a_layout_2_index_gets_its_word_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = index(dir.path(), 300);
+    // What layout 2 had: no word index, and a delete trigger without it.
+    store
+        .conn()
+        .execute_batch(
+            "DROP TRIGGER chunks_words_ai; DROP TABLE chunks_words; DROP TRIGGER chunks_ad;
+             CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+                 INSERT INTO chunks_fts (chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
+                 DELETE FROM chunks_vec WHERE chunk_id = old.id;
+             END;
+             UPDATE meta SET value = '2' WHERE key = 'layout';",
+        )
+        .unwrap();
+    let path = store.path().to_path_buf();
+    drop(store);
+    let mut store = Store::open(&path).unwrap();
+    assert_eq!(store.meta("layout").unwrap().as_deref(), Some("3"));
+    // Every passage is in the word index, stemmed ("passages" finds "passage").
+    assert_eq!(store.word_matches("\"passages\"", 1000).unwrap().len(), 300);
+    assert_eq!(store.word_matches("\"217\"", 10).unwrap().len(), 1);
+    // Deleting a message deletes its words, so the index stays consistent.
+    store.delete_messages("bench", &[217]).unwrap();
+    assert!(store.word_matches("\"217\"", 10).unwrap().is_empty());
+    store
+        .conn()
+        .execute_batch("INSERT INTO chunks_words (chunks_words) VALUES ('integrity-check');")
+        .unwrap();
 }

@@ -106,6 +106,45 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// Passages matching an FTS5 expression over the word index (stemmed
+    /// words), best first: (id, BM25, lower is better).
+    pub fn word_matches(&self, fts: &str, k: usize) -> Result<Vec<(i64, f64)>> {
+        let mut stmt = self.conn().prepare_cached(
+            "SELECT rowid, bm25(chunks_words) FROM chunks_words WHERE chunks_words MATCH ? ORDER BY bm25(chunks_words) LIMIT ?",
+        )?;
+        let rows = stmt.query_map(params![fts, k as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Every passage holding `word` (an FTS5 string, stemmed as the word
+    /// index stems), with its session: (passage id, profile, session id).
+    pub fn word_postings(&self, word: &str) -> Result<Vec<(i64, String, String)>> {
+        let mut stmt = self.conn().prepare_cached(
+            "SELECT c.id, c.profile, c.session_id FROM chunks_words w JOIN chunks c ON c.id = w.rowid
+             WHERE chunks_words MATCH ?",
+        )?;
+        let rows = stmt.query_map([word], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// How many passages and how many sessions the index holds.
+    pub fn passage_and_session_counts(&self) -> Result<(i64, i64)> {
+        Ok(self
+            .conn()
+            .prepare_cached(
+                "SELECT (SELECT COUNT(*) FROM chunks), (SELECT COUNT(*) FROM sessions)",
+            )?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?)
+    }
+
+    /// How many passages one session has.
+    pub fn session_passages(&self, profile: &str, session_id: &str) -> Result<i64> {
+        Ok(self
+            .conn()
+            .prepare_cached("SELECT COUNT(*) FROM chunks WHERE profile = ? AND session_id = ?")?
+            .query_row([profile, session_id], |r| r.get(0))?)
+    }
+
     /// Passages holding `text` anywhere (for queries too short for the trigram index).
     pub fn substring_matches(&self, text: &str, k: usize) -> Result<Vec<i64>> {
         let mut stmt = self
@@ -173,6 +212,30 @@ impl Store {
                 })
             })
             .optional()?)
+    }
+
+    /// The first passage of the message after `chunk`'s in its session, when
+    /// that message is the other side's turn (`user` after `assistant`, or
+    /// the reverse): what answers a question `chunk` asked.
+    pub fn answer_to(&self, chunk: &StoredChunk) -> Result<Option<StoredChunk>> {
+        let next: Option<i64> = self
+            .conn()
+            .prepare_cached(
+                "SELECT id FROM chunks WHERE profile = ? AND session_id = ? AND message_id > ?
+                 ORDER BY message_id, seq LIMIT 1",
+            )?
+            .query_row(
+                params![chunk.profile, chunk.session_id, chunk.message_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(next) = next else {
+            return Ok(None);
+        };
+        let turn = |role: &str| matches!(role, "user" | "assistant");
+        Ok(self
+            .stored_chunk(next)?
+            .filter(|a| turn(&a.role) && turn(&chunk.role) && a.role != chunk.role))
     }
 
     /// The largest id with a binary code (0 when there is none).

@@ -1,6 +1,7 @@
 //! recall's own index database: chunks with their text and provenance, dense
 //! vectors in sqlite-vec, their 1-bit codes (the source of search's binary
-//! scan file, see `search::binary`), an FTS5 trigram index (finds CJK text),
+//! scan file, see `search::binary`), two FTS5 indexes of the same text (trigram:
+//! phrases, identifiers and CJK; words, stemmed: questions' words by BM25),
 //! BGE-M3's sparse weights, and an embedding cache. WAL mode, so search reads
 //! while indexing writes.
 //!
@@ -43,7 +44,7 @@ pub enum Error {
 }
 
 /// Bumped when the layout below changes incompatibly.
-const LAYOUT_VERSION: i64 = 2;
+const LAYOUT_VERSION: i64 = 3;
 
 /// A session row of the index: the source's session, placed in its lineage.
 #[derive(Debug, Clone)]
@@ -160,6 +161,8 @@ CREATE TABLE IF NOT EXISTS chunks (
 CREATE INDEX IF NOT EXISTS chunks_session ON chunks (profile, session_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
     text, content='chunks', content_rowid='id', tokenize='trigram');
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_words USING fts5(
+    text, content='chunks', content_rowid='id', tokenize='porter unicode61 remove_diacritics 2');
 CREATE TABLE IF NOT EXISTS chunk_sparse (
     chunk_id INTEGER NOT NULL, token_id INTEGER NOT NULL, weight REAL NOT NULL,
     PRIMARY KEY (chunk_id, token_id)) WITHOUT ROWID;
@@ -173,12 +176,16 @@ CREATE TABLE IF NOT EXISTS embed_cache (key BLOB PRIMARY KEY, dense BLOB NOT NUL
 CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
     INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
 END;
+CREATE TRIGGER IF NOT EXISTS chunks_words_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_words (rowid, text) VALUES (new.id, new.text);
+END;
 ";
 
 // The vector table's dimension is the identity's, so it is made with it.
 const CHUNK_DELETE_TRIGGER: &str = "
 CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_fts (chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO chunks_words (chunks_words, rowid, text) VALUES ('delete', old.id, old.text);
     DELETE FROM chunks_vec WHERE chunk_id = old.id;
     DELETE FROM chunk_sparse WHERE chunk_id = old.id;
     DELETE FROM chunk_codes WHERE chunk_id = old.id;
@@ -251,7 +258,7 @@ impl Store {
         };
         match store.meta("layout")? {
             Some(v) if v == LAYOUT_VERSION.to_string() => {}
-            Some(v) if v == "1" => store.add_codes()?,
+            Some(v) if v == "1" || v == "2" => store.upgrade(&v)?,
             Some(v) => bail!(
                 "{} has index layout {v}, this recall writes {LAYOUT_VERSION}: run `recall index --rebuild`",
                 path.display()
@@ -372,11 +379,14 @@ impl Store {
         Self::open(path)
     }
 
-    /// Layout 1 → 2: the 1-bit codes of the vectors already stored.
-    fn add_codes(&self) -> Result<()> {
+    /// An index of an older layout brought to this one in place, nothing
+    /// re-embedded: layout 1 lacks the vectors' 1-bit codes, layouts 1 and 2
+    /// the word index (filled from the passages' text). The delete trigger
+    /// is made again, since it clears both.
+    fn upgrade(&self, from: &str) -> Result<()> {
         let tx = self.conn.unchecked_transaction()?;
         if self.identity()?.is_some() {
-            {
+            if from == "1" {
                 let mut read = tx.prepare("SELECT chunk_id, embedding FROM chunks_vec")?;
                 let mut write = tx
                     .prepare("INSERT OR REPLACE INTO chunk_codes (chunk_id, code) VALUES (?, ?)")?;
@@ -390,6 +400,7 @@ impl Store {
             tx.execute_batch("DROP TRIGGER IF EXISTS chunks_ad;")?;
             tx.execute_batch(CHUNK_DELETE_TRIGGER)?;
         }
+        tx.execute_batch("INSERT INTO chunks_words (chunks_words) VALUES ('rebuild');")?;
         tx.execute(
             "UPDATE meta SET value = ? WHERE key = 'layout'",
             [LAYOUT_VERSION.to_string()],
@@ -471,7 +482,8 @@ impl Store {
              DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM chunk_codes;
              DELETE FROM messages; DELETE FROM sessions; DELETE FROM session_titles;
              UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'codes_epoch';
-             INSERT INTO chunks_fts (chunks_fts) VALUES ('delete-all');",
+             INSERT INTO chunks_fts (chunks_fts) VALUES ('delete-all');
+             INSERT INTO chunks_words (chunks_words) VALUES ('delete-all');",
         )?;
         tx.execute_batch(&format!(
             "CREATE VIRTUAL TABLE chunks_vec USING vec0(chunk_id INTEGER PRIMARY KEY, embedding float[{}]);",

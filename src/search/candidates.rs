@@ -1,13 +1,13 @@
 //! Candidate passages, one signal each: nearest vectors, keyword hits
-//! (FTS5 trigram BM25), session titles and BGE-M3's sparse weights; and the
-//! filters a passage must pass.
+//! (FTS5 trigram phrases, then BM25 over the query's words), session titles
+//! and BGE-M3's sparse weights; and the filters a passage must pass.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::Result;
 
 use super::options::Filters;
-use super::{Chunk, vector};
+use super::{Chunk, vector, words};
 use crate::index::store::Store;
 
 /// Hermes caps FTS queries at this many characters.
@@ -66,7 +66,8 @@ fn bm25_to_score(rank: f64) -> f32 {
 }
 
 /// What keyword search found: passages in order (whole-query phrase hits,
-/// then passages holding every word of it), each one's position and score.
+/// then passages holding every word of it), each one's position and score,
+/// and what the query's words say of each passage.
 #[derive(Default)]
 pub(super) struct Keyword {
     pub(super) ranked: Vec<i64>,
@@ -77,12 +78,26 @@ pub(super) struct Keyword {
     pub(super) exact: HashSet<i64>,
     /// Holds every word of the query.
     pub(super) all_words: HashSet<i64>,
+    /// Passages holding any of the query's words (`words::query_words`),
+    /// by BM25 over those words: higher is better.
+    pub(super) words: HashMap<i64, f32>,
+    /// Each passage's share of the query's word weight: the IDF of the
+    /// words it holds over the IDF of all of them, in [0, 1]. A word the
+    /// history never uses weighs the most, so a question about something
+    /// never discussed is covered by little.
+    pub(super) coverage: HashMap<i64, f32>,
+    /// Sessions by BM25 over the query's words, a session taken as one
+    /// document of its passages: higher is better. A question's words are
+    /// often spread over several turns of the conversation that answers it.
+    pub(super) sessions: HashMap<(String, String), f32>,
 }
 
 /// Keyword hits: the whole query as an exact phrase first (identifiers such
 /// as `nginx -t`), then all its words. Words are quoted, so FTS5 syntax in
 /// the query (`"`, `*`, `NEAR`, `:`) is only text. The trigram tokenizer
-/// needs three characters; shorter queries use a substring scan.
+/// needs three characters; shorter queries use a substring scan. Then the
+/// passages holding any of its words, by BM25 over the word index: a
+/// question's words are rarely all in one message.
 pub(super) fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result<Keyword> {
     // Control characters (a NUL ends a string for FTS5's parser) are only spaces here.
     let query: String = query
@@ -91,7 +106,6 @@ pub(super) fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     let query = query.trim();
-    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let run = |fts: &str| store.keyword_matches(fts, k);
     if query.is_empty() {
         return Ok(Keyword::default());
@@ -124,7 +138,86 @@ pub(super) fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result
             out.ranked.push(id);
         }
     }
+    let words = words::query_words(query);
+    if !words.is_empty() {
+        let fts = words
+            .iter()
+            .map(|w| quote(w))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        for (id, bm25) in store.word_matches(&fts, k)? {
+            out.words.insert(id, -bm25 as f32);
+            out.score.entry(id).or_insert(bm25_to_score(bm25));
+        }
+        (out.coverage, out.sessions) = word_weights(store, &words, out.words.keys().copied())?;
+    }
     Ok(out)
+}
+
+/// FTS5 string syntax: the text is matched as it is, never parsed as an expression.
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// BM25's term saturation and length normalisation (FTS5's own values).
+const BM25_K1: f64 = 1.2;
+const BM25_B: f64 = 0.75;
+
+/// BM25's IDF of a word found in `df` of `n` documents: a word in every
+/// document weighs almost nothing, a word in none the most.
+fn idf(n: f64, df: f64) -> f64 {
+    ((n - df + 0.5) / (df + 0.5) + 1.0).ln()
+}
+
+/// Each of `ids`' share of the IDF weight of `words`, and each session's
+/// BM25 over `words` with a session as one document: a word's frequency
+/// there is the number of its passages holding it, its length its number
+/// of passages.
+#[allow(clippy::type_complexity)]
+fn word_weights(
+    store: &Store,
+    words: &[String],
+    ids: impl Iterator<Item = i64>,
+) -> Result<(HashMap<i64, f32>, HashMap<(String, String), f32>)> {
+    let (passages, sessions) = store.passage_and_session_counts()?;
+    let (passages, sessions) = (passages as f64, sessions.max(1) as f64);
+    let mean_length = passages / sessions;
+    let mut held: HashMap<i64, f64> = ids.map(|id| (id, 0.0)).collect();
+    let mut total = 0.0;
+    let mut lengths: HashMap<(String, String), f64> = HashMap::new();
+    let mut by_session: HashMap<(String, String), f64> = HashMap::new();
+    for word in words {
+        let postings = store.word_postings(&quote(word))?;
+        let weight = idf(passages, postings.len() as f64);
+        total += weight;
+        let mut frequency: HashMap<(String, String), f64> = HashMap::new();
+        for (id, profile, session) in postings {
+            if let Some(w) = held.get_mut(&id) {
+                *w += weight;
+            }
+            *frequency.entry((profile, session)).or_default() += 1.0;
+        }
+        let weight = idf(sessions, frequency.len() as f64);
+        for (key, tf) in frequency {
+            let length = match lengths.get(&key) {
+                Some(l) => *l,
+                None => {
+                    let l = store.session_passages(&key.0, &key.1)? as f64;
+                    lengths.insert(key.clone(), l);
+                    l
+                }
+            };
+            let norm = 1.0 - BM25_B + BM25_B * length / mean_length.max(f64::MIN_POSITIVE);
+            *by_session.entry(key).or_default() +=
+                weight * tf * (BM25_K1 + 1.0) / (tf + BM25_K1 * norm);
+        }
+    }
+    let coverage = held
+        .into_iter()
+        .map(|(id, w)| (id, if total > 0.0 { (w / total) as f32 } else { 0.0 }))
+        .collect();
+    let by_session = by_session.into_iter().map(|(k, v)| (k, v as f32)).collect();
+    Ok((coverage, by_session))
 }
 
 /// Passages of the sessions whose title holds the whole query (any case):

@@ -1,6 +1,7 @@
 //! Hybrid session search over recall's index: candidate passages from dense
-//! similarity (sqlite-vec KNN), keyword match (FTS5 trigram BM25, so CJK
-//! text is found) and BGE-M3's sparse lexical score, gathered into sessions
+//! similarity (sqlite-vec KNN), keyword match (FTS5: phrases by trigram, so
+//! CJK text is found; the query's words by BM25 over stemmed words) and
+//! BGE-M3's sparse lexical score, gathered into sessions
 //! by lineage with Hermes's rules applied, and ranked as sessions
 //! (`rank.rs`): by reciprocal rank (or weighted as openClaw does), each
 //! result marked weak or not.
@@ -11,6 +12,7 @@ mod options;
 pub mod rank;
 mod time;
 pub mod vector;
+mod words;
 
 use candidates::{
     Keyword, dense_candidates, exact_similarity, keyword_candidates, load_chunks, passes,
@@ -110,6 +112,7 @@ pub fn search(
     };
     let mut ids: Vec<i64> = dense_sim.keys().copied().collect();
     ids.extend(keyword.ranked.iter().chain(&sparse_list).chain(&titled));
+    ids.extend(keyword.words.keys());
     ids.sort_unstable();
     ids.dedup();
     let candidates = ids.len();
@@ -127,6 +130,11 @@ pub fn search(
             identity.normalized,
         )?);
     }
+
+    // BM25 has no fixed scale: each passage's, and each session's, is a
+    // share of this query's best.
+    let best_words = keyword.words.values().copied().fold(0.0, f32::max);
+    let best_session_words = keyword.sessions.values().copied().fold(0.0, f32::max);
 
     // Sessions, not fragments: the candidates of each lineage together.
     let mut sessions: Vec<Candidate> = Vec::new();
@@ -152,13 +160,19 @@ pub fn search(
             keyword_rank: keyword.rank.get(&chunk.id).copied(),
             sparse_rank: sparse_rank.get(&chunk.id).copied(),
             exact: keyword.exact.contains(&chunk.id) || keyword.all_words.contains(&chunk.id),
+            words: keyword
+                .words
+                .get(&chunk.id)
+                .map_or(0.0, |w| w / best_words.max(f32::MIN_POSITIVE)),
+            coverage: keyword.coverage.get(&chunk.id).copied().unwrap_or(0.0),
             chunk,
         });
     }
+    let ranking = &options.ranking;
     for s in &mut sessions {
         s.passages.sort_by(|a, b| {
-            b.similarity
-                .total_cmp(&a.similarity)
+            b.relevance(ranking)
+                .total_cmp(&a.relevance(ranking))
                 .then(a.chunk.id.cmp(&b.chunk.id))
         });
     }
@@ -173,9 +187,24 @@ pub fn search(
         .zip(&title_match)
         .map(|((s, title), title_match)| rank::Evidence {
             passages: match dense_query {
-                Some(_) => s.passages.iter().map(|p| p.similarity).collect(),
+                Some(_) => {
+                    let mut cosines: Vec<f32> = s.passages.iter().map(|p| p.similarity).collect();
+                    cosines.sort_by(|a, b| b.total_cmp(a));
+                    cosines
+                }
                 None => Vec::new(),
             },
+            matches: s.passages.iter().map(|p| (p.cosine(), p.words)).collect(),
+            coverage: s.passages.iter().map(|p| p.coverage).fold(0.0, f32::max),
+            session_words: s
+                .passages
+                .iter()
+                .filter_map(|p| {
+                    let key = (p.chunk.profile.clone(), p.chunk.session_id.clone());
+                    keyword.sessions.get(&key).copied()
+                })
+                .fold(0.0, f32::max)
+                / best_session_words.max(f32::MIN_POSITIVE),
             title: *title,
             keyword_rank: s.passages.iter().filter_map(|p| p.keyword_rank).min(),
             keyword_score: s
@@ -225,10 +254,14 @@ pub fn search(
             .context("--rerank needs the model's ColBERT vectors")?;
         rerank(embedder, q, &mut ranked, options.limit * 4)?;
     }
+    if options.mmr.is_none() {
+        // Only the results shown need their answers looked up.
+        ranked.truncate(options.limit);
+    }
     let mut results: Vec<SessionHit> = ranked
         .into_iter()
-        .map(|(s, standing)| s.into_hit(standing, query))
-        .collect();
+        .map(|(s, standing)| s.into_hit(standing, query, store, &options.filters))
+        .collect::<Result<_>>()?;
     if let Some(lambda) = options.mmr {
         results = mmr(results, lambda, options.limit)?;
     }
@@ -257,6 +290,26 @@ struct Passage {
     sparse_rank: Option<usize>,
     /// The query is in it word for word (as a phrase, or all its words).
     exact: bool,
+    /// Its BM25 over the query's words, as a share of the query's best.
+    words: f32,
+    /// The share of the query's word weight it holds.
+    coverage: f32,
+}
+
+impl Passage {
+    /// Its cosine with the query, 0 where there is none.
+    fn cosine(&self) -> f32 {
+        if self.similarity.is_nan() {
+            0.0
+        } else {
+            self.similarity
+        }
+    }
+
+    /// What ranks it: its cosine and its words (`rank::Ranking::words`).
+    fn relevance(&self, r: &rank::Ranking) -> f32 {
+        self.cosine() + r.words * self.words
+    }
 }
 
 /// The candidate passages of one lineage, best first.
@@ -267,27 +320,50 @@ struct Candidate {
 
 impl Candidate {
     /// The result: the passage the query matched word for word, else the
-    /// most similar, with up to two more as further snippets.
-    fn into_hit(mut self, standing: rank::Standing, query: &str) -> SessionHit {
+    /// one holding most of the query's word weight (a question's answer
+    /// shares its rare words), else the most relevant; with up to two more
+    /// as further snippets. Where that passage asks a question and the next
+    /// message answers it (the other side of the conversation), the result
+    /// points at the answer, the question being its first further snippet.
+    fn into_hit(
+        mut self,
+        standing: rank::Standing,
+        query: &str,
+        store: &Store,
+        filters: &Filters,
+    ) -> Result<SessionHit> {
         let matched = self
             .passages
             .iter()
             .position(|p| p.exact)
             .or_else(|| {
-                self.passages
-                    .iter()
-                    .position(|p| p.similarity.is_nan() && p.keyword_rank.is_some())
+                // The first of the highest: the passages are in relevance order.
+                let most = self.passages.iter().map(|p| p.coverage).fold(0.0, f32::max);
+                (most > 0.0)
+                    .then(|| self.passages.iter().position(|p| p.coverage == most))
+                    .flatten()
             })
             .unwrap_or(0);
         let best = self.passages.remove(matched);
-        let snippets = self
-            .passages
-            .iter()
-            .take(2)
-            .map(|p| snippet(&p.chunk.text, query))
-            .collect();
-        let chunk = best.chunk;
-        SessionHit {
+        let answer = match asks(&best.chunk.text) {
+            true => store
+                .answer_to(&best.chunk)?
+                .filter(|a| !a.hidden && passes(a, filters)),
+            false => None,
+        };
+        let mut snippets: Vec<String> = Vec::with_capacity(2);
+        if answer.is_some() {
+            snippets.push(snippet(&best.chunk.text, query));
+        }
+        snippets.extend(
+            self.passages
+                .iter()
+                .take(2 - snippets.len())
+                .map(|p| snippet(&p.chunk.text, query)),
+        );
+        let similarity = best.cosine();
+        let chunk = answer.unwrap_or(best.chunk);
+        Ok(SessionHit {
             link: format!("@session:{}/{}", chunk.profile, chunk.session_id),
             snippet: snippet(&chunk.text, query),
             session_id: chunk.session_id,
@@ -300,15 +376,17 @@ impl Candidate {
             match_message_id: chunk.message_id,
             snippets,
             score: standing.fused,
-            similarity: if best.similarity.is_nan() {
-                0.0
-            } else {
-                best.similarity
-            },
+            similarity,
             weak: standing.weak,
             lineage_root: chunk.lineage_root,
-        }
+        })
     }
+}
+
+/// Whether a passage ends by asking something: its answer is then the
+/// next message.
+fn asks(text: &str) -> bool {
+    text.trim_end().ends_with(['?', '？'])
 }
 
 /// Each id's first position in `list`.

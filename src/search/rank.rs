@@ -1,17 +1,25 @@
 //! Session-level ranking: what each candidate session's passages, title and
 //! keyword hits say, turned into one order and a weak/strong verdict.
 //!
-//! A session is scored as a whole, not by one fragment: its best passage,
-//! its second best, and its title each count for its dense score. The dense,
-//! keyword and sparse orders of sessions are then fused by reciprocal rank,
-//! which needs no common scale between signals or models. Whether a result
-//! is weak is judged against this query's own spread of similarities over
-//! the index, never against an absolute cosine: models differ in where
-//! unrelated texts sit (MiniLM near 0, BGE-M3 near 0.4).
+//! A passage's relevance is its cosine with the query plus the BM25 of the
+//! query's words in it (as a share of this query's best BM25): a question
+//! shares its distinctive words (names, places, things) with the turn that
+//! answers it, and a paraphrase shares its meaning. A session is scored as a
+//! whole, not by one fragment: its best passage, its second best, and its
+//! title each count. That order and the orders of exact keyword hits
+//! (phrases, identifiers) and BGE-M3's sparse weights are then fused by
+//! reciprocal rank, which needs no common scale between them.
 //!
-//! Every constant of `Ranking::default()` was chosen on the dev half of the
-//! evaluation in `tests/hermes/eval/` and only scored on its test half
-//! (docs/search.md, "Search quality").
+//! A result is not weak when the query matched it word for word, when one of
+//! its passages holds most of the weight of the query's words (IDF: the rare
+//! words count), or when its similarity stands out from this query's own
+//! spread of similarities over the index, never against an absolute cosine:
+//! models differ in where unrelated texts sit (MiniLM near 0, BGE-M3 near 0.4).
+//!
+//! Every constant of `Ranking::default()` was chosen on the dev halves of the
+//! evaluations (the technical histories of `tests/hermes/eval/` and the
+//! LoCoMo conversations of `scripts/eval_locomo.py`) and only scored on
+//! their test halves (docs/search.md, "Search quality").
 
 use super::Fusion;
 
@@ -20,6 +28,23 @@ use super::Fusion;
 pub struct Ranking {
     /// Weight of a session's second-best passage beside its best (1).
     pub second_passage: f32,
+    /// Weight of a passage's BM25 over the query's words, as a share of the
+    /// query's best, beside its cosine (1).
+    pub words: f32,
+    /// Weight of a session's BM25 over the query's words (the session as
+    /// one document), as a share of the query's best.
+    pub session_words: f32,
+    /// The words weigh fully while the query's best session by meaning
+    /// stands fewer than this many standard deviations above the crowd (as
+    /// `weak_below` measures it): meaning alone does not single out a
+    /// session, as in months of everyday talk about one life...
+    pub words_full_below: f32,
+    /// ...and not at all from this many on, linearly between: meaning has
+    /// found it, and words shared with unrelated sessions only add noise.
+    pub words_none_above: f32,
+    /// A result is not weak when one of its passages holds at least this
+    /// share of the IDF weight of the query's words.
+    pub covered: f32,
     /// Weight of the similarity of the session's title.
     pub title: f32,
     /// Reciprocal rank fusion's constant, over session ranks.
@@ -42,6 +67,11 @@ impl Default for Ranking {
     fn default() -> Self {
         Self {
             second_passage: 0.3,
+            words: 0.5,
+            session_words: 1.0,
+            words_full_below: 1.5,
+            words_none_above: 3.5,
+            covered: 0.55,
             title: 0.3,
             rrf_k: 10.0,
             keyword: 1.0,
@@ -57,6 +87,15 @@ impl Default for Ranking {
 pub struct Evidence {
     /// Dense cosines of its candidate passages, best first; empty without a query vector.
     pub passages: Vec<f32>,
+    /// Each candidate passage's cosine (0 without a query vector) and its
+    /// BM25 over the query's words as a share of the query's best (0
+    /// without them), in any order.
+    pub matches: Vec<(f32, f32)>,
+    /// The largest share of the query's word weight one of its passages holds.
+    pub coverage: f32,
+    /// Its BM25 over the query's words as one document, as a share of the
+    /// query's best session (0 without them).
+    pub session_words: f32,
     /// Cosine of its title (the best of its lineage's), when embedded.
     pub title: Option<f32>,
     /// Position of its best passage in the keyword list (exact phrase hits first).
@@ -137,12 +176,63 @@ impl Spread {
 fn dense_scores(evidence: &[Evidence], floor: f32, r: &Ranking) -> Vec<Option<f32>> {
     evidence
         .iter()
+        .map(|e| session_score(&e.passages, e.title, floor, r))
+        .collect()
+}
+
+/// Each session's relevance: the dense score's shape over its passages'
+/// relevance (cosine and, weighted by `words`, their words), plus its words
+/// as one document; None for a session with neither.
+fn relevance_scores(
+    evidence: &[Evidence],
+    floor: f32,
+    words: f32,
+    r: &Ranking,
+) -> Vec<Option<f32>> {
+    evidence
+        .iter()
         .map(|e| {
-            let best = *e.passages.first()?;
-            let second = e.passages.get(1).copied().unwrap_or(best.min(floor));
-            Some(best + r.second_passage * second + r.title * e.title.unwrap_or(best))
+            if e.passages.is_empty() && e.matches.iter().all(|m| m.1 == 0.0) {
+                return None;
+            }
+            let mut relevance: Vec<f32> = e
+                .matches
+                .iter()
+                .map(|(cosine, w)| cosine + words * r.words * w)
+                .collect();
+            relevance.sort_by(|a, b| b.total_cmp(a));
+            let passages = session_score(&relevance, e.title, floor, r)?;
+            Some(passages + words * r.session_words * e.session_words)
         })
         .collect()
+}
+
+/// How much the query's words count, from 1 (meaning singles out nothing)
+/// to 0 (meaning has found the session): `Ranking::words_full_below`. In
+/// full where there is no spread to judge by.
+fn words_weight(
+    dense: &[Option<f32>],
+    crowd: Option<f32>,
+    spread: Option<Spread>,
+    r: &Ranking,
+) -> f32 {
+    let best = dense.iter().flatten().copied().reduce(f32::max);
+    match (best, crowd, spread) {
+        (Some(best), Some(crowd), Some(spread)) => {
+            let standout = (best - crowd) / spread.std.max(f32::MIN_POSITIVE);
+            let span = (r.words_none_above - r.words_full_below).max(f32::MIN_POSITIVE);
+            ((r.words_none_above - standout) / span).clamp(0.0, 1.0)
+        }
+        _ => 1.0,
+    }
+}
+
+/// Best passage, second best (at most `floor` when outside the candidate
+/// pool), title (the best passage's when none).
+fn session_score(best_first: &[f32], title: Option<f32>, floor: f32, r: &Ranking) -> Option<f32> {
+    let best = *best_first.first()?;
+    let second = best_first.get(1).copied().unwrap_or(best.min(floor));
+    Some(best + r.second_passage * second + r.title * title.unwrap_or(best))
 }
 
 /// Sessions ranked this far down (0-based, end excluded) make the crowd a
@@ -159,7 +249,10 @@ pub fn standings(
     r: &Ranking,
 ) -> Vec<Standing> {
     let dense = dense_scores(evidence, floor, r);
-    let dense_rank = ranks(&dense, |a, b| b.total_cmp(a));
+    let crowd = crowd(&dense);
+    let words = words_weight(&dense, crowd, spread, r);
+    let relevance = relevance_scores(evidence, floor, words, r);
+    let dense_rank = ranks(&relevance, |a, b| b.total_cmp(a));
     let keyword_rank = ranks(
         &evidence.iter().map(|e| e.keyword_rank).collect::<Vec<_>>(),
         |a, b| a.cmp(b),
@@ -168,7 +261,6 @@ pub fn standings(
         &evidence.iter().map(|e| e.sparse_rank).collect::<Vec<_>>(),
         |a, b| a.cmp(b),
     );
-    let crowd = crowd(&dense);
     evidence
         .iter()
         .enumerate()
@@ -192,7 +284,9 @@ pub fn standings(
                 fused *= r.cron;
             }
             let weak = match (dense[i], crowd, spread) {
-                (Some(d), Some(crowd), Some(spread)) if !e.keyword_match => {
+                _ if e.keyword_match => false,
+                _ if e.coverage >= r.covered => false,
+                (Some(d), Some(crowd), Some(spread)) => {
                     (d - crowd) / spread.std.max(f32::MIN_POSITIVE) < r.weak_below
                 }
                 _ => false,

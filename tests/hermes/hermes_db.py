@@ -9,6 +9,7 @@ hermes_state.SessionDB), for recall's indexing tests. Prints JSON.
     hermes_db.py bulk HOME N [--mode wal|delete]     N messages over N/10 sessions
     hermes_db.py writer HOME SECONDS                 append for SECONDS; report lock errors
     hermes_db.py eval-create HOME CORPUS.json        the retrieval-evaluation history
+    hermes_db.py chat-create HOME HISTORY.json       everyday conversations (tests/hermes/chat/): message ids
     hermes_db.py hermes-search HOME QUERY...         Hermes's own session_search: ranked session ids per query
     hermes_db.py live-copy HOME DEST                 a copy of HOME's state.db and its WAL taken while
                                                      Hermes has it open (a backup of a live database)
@@ -166,6 +167,16 @@ def eval_create(home: str, corpus: str) -> dict:
     return {"sessions": len(data["sessions"])}
 
 
+def chat_create(home: str, history: str) -> dict:
+    db = open_db(home)
+    ids = {}
+    for s in json.load(open(history))["sessions"]:
+        db.create_session(s["id"], "cli", model="test-model")
+        ids[s["id"]] = [db.append_message(s["id"], role, content) for role, content in s["messages"]]
+    db.close()
+    return {"ids": ids}
+
+
 def live_copy(home: str, dest: str) -> dict:
     import shutil
 
@@ -233,6 +244,8 @@ def main() -> None:
         out = bulk(home, int(rest[0]), mode)
     elif cmd == "eval-create":
         out = eval_create(home, rest[0])
+    elif cmd == "chat-create":
+        out = chat_create(home, rest[0])
     elif cmd == "live-copy":
         out = live_copy(home, rest[0])
     elif cmd == "odd-rows":
