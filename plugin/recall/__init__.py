@@ -31,9 +31,11 @@ DESCRIPTION = (
     "session_search when you do not know the exact words that were used (\"the time the server "
     "ran out of space\" finds a session about disk cleanup), when the user asks in another "
     "language than the conversation was in, or when session_search found nothing. Exact "
-    "identifiers (error codes, commands, file names) are found too. Returns the best sessions "
-    "with a snippet, `link`, `session_id` and `match_message_id`; to read one, call "
-    "session_search(session_id=..., around_message_id=match_message_id)."
+    "identifiers (error codes, commands, file names) are found too; so are answers to plain "
+    "questions (\"when did I go to the support group?\"). Returns the best sessions with a "
+    "snippet of the matching message (the answer, where the match asked a question), `when` it "
+    "was written (for questions about dates), `link`, `session_id` and `match_message_id`; to "
+    "read one, call session_search(session_id=..., around_message_id=match_message_id)."
 )
 
 SCHEMA = {
@@ -217,8 +219,8 @@ def _handler(args, **kwargs):
                 "count": len(results),
                 "via": via,
                 "hint": "open a result with session_search(session_id=..., around_message_id=match_message_id); "
-                "a result with weak: true shares no words with the query and is barely closer to it than the "
-                "rest of the history: it may not be what the user means",
+                "a result with weak: true holds few of the query's words and is barely closer to it than the "
+                "rest of the history: it may not be what the user means; `when` dates the matching message",
             },
             ensure_ascii=False,
         )

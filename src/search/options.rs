@@ -114,6 +114,9 @@ pub struct SessionHit {
     pub model: Option<String>,
     pub title: Option<String>,
     pub role: String,
+    /// The message that matched: the passage holding most of the query's
+    /// words (or the most relevant), or the next turn where that passage
+    /// asks a question.
     pub match_message_id: i64,
     pub snippet: String,
     /// Further matching passages of the same conversation.
@@ -121,8 +124,10 @@ pub struct SessionHit {
     pub score: f32,
     /// Cosine of the query and the best passage.
     pub similarity: f32,
-    /// Nothing of the query is in it word for word, and its similarity does
-    /// not stand out from the rest of the index: perhaps not what was meant.
+    /// Nothing of the query is in it word for word, none of its passages
+    /// holds most of the weight of the query's words, and its similarity
+    /// does not stand out from the rest of the index: perhaps not what was
+    /// meant.
     pub weak: bool,
     pub lineage_root: String,
 }
