@@ -388,27 +388,15 @@ fn defaults_are_the_best_on_dev() {
     // The weak cut: the lowest that leaves every absent topic of dev all
     // weak, with a margin of one step, since a smaller or larger history
     // moves it; the price is right answers marked weak.
-    println!(
-        "| weak below | absent topics with a strong result | right answers marked weak |\n|---|---|---|"
+    let lowest_clean = lowest_cut_keeping_absent_weak(
+        &ranker,
+        "weak below",
+        &[5.0, 5.5, 6.0, 6.5, 7.0, 8.0],
+        |cut| Ranking {
+            weak_below: cut,
+            ..base
+        },
     );
-    let mut lowest_clean = None;
-    for cut in [5.0, 5.5, 6.0, 6.5, 7.0, 8.0] {
-        let answers = ranker.answers(&SearchOptions {
-            ranking: Ranking {
-                weak_below: cut,
-                ..base
-            },
-            ..defaults()
-        });
-        let strong = absent_with_strong_results(corpus, &answers).len();
-        println!(
-            "| {cut} | {strong} | {:.0}% |",
-            100.0 * weak_share(corpus, &answers)
-        );
-        if strong == 0 && lowest_clean.is_none() {
-            lowest_clean = Some(cut);
-        }
-    }
     assert_eq!(
         lowest_clean.map(|c| c + 0.5),
         Some(base.weak_below),
@@ -418,27 +406,15 @@ fn defaults_are_the_best_on_dev() {
     // weight is not weak. The lowest that keeps every absent topic of dev
     // all weak; each step above it costs right answers on the dev
     // conversations (scripts/eval_locomo.py).
-    println!(
-        "| covered from | absent topics with a strong result | right answers marked weak |\n|---|---|---|"
+    let lowest_covered = lowest_cut_keeping_absent_weak(
+        &ranker,
+        "covered from",
+        &[0.4, 0.45, 0.5, 0.55, 0.6, 0.65],
+        |cut| Ranking {
+            covered: cut,
+            ..base
+        },
     );
-    let mut lowest_covered = None;
-    for cut in [0.4, 0.45, 0.5, 0.55, 0.6, 0.65] {
-        let answers = ranker.answers(&SearchOptions {
-            ranking: Ranking {
-                covered: cut,
-                ..base
-            },
-            ..defaults()
-        });
-        let strong = absent_with_strong_results(corpus, &answers).len();
-        println!(
-            "| {cut} | {strong} | {:.0}% |",
-            100.0 * weak_share(corpus, &answers)
-        );
-        if strong == 0 && lowest_covered.is_none() {
-            lowest_covered = Some(cut);
-        }
-    }
     assert_eq!(
         lowest_covered,
         Some(base.covered),
@@ -526,6 +502,37 @@ fn defaults_are_the_best_on_dev() {
         "on dev, the query's words cost {:.3} of hit@5 + MRR@10",
         (wh + wm + wih + wim) - (h + m + ih + im)
     );
+}
+
+/// Prints, for each of `cuts`, how many absent topics get a result not
+/// marked weak and how many right answers are marked weak, under the
+/// ranking `at(cut)`; returns the lowest cut that keeps every absent topic
+/// all weak.
+fn lowest_cut_keeping_absent_weak(
+    ranker: &Ranker,
+    name: &str,
+    cuts: &[f32],
+    at: impl Fn(f32) -> Ranking,
+) -> Option<f32> {
+    println!(
+        "| {name} | absent topics with a strong result | right answers marked weak |\n|---|---|---|"
+    );
+    let mut lowest = None;
+    for &cut in cuts {
+        let answers = ranker.answers(&SearchOptions {
+            ranking: at(cut),
+            ..defaults()
+        });
+        let strong = absent_with_strong_results(&ranker.corpus, &answers).len();
+        println!(
+            "| {cut} | {strong} | {:.0}% |",
+            100.0 * weak_share(&ranker.corpus, &answers)
+        );
+        if strong == 0 && lowest.is_none() {
+            lowest = Some(cut);
+        }
+    }
+    lowest
 }
 
 /// `--dtype q8` (int8 weights) and `--dtype bf16` find what f32 finds on

@@ -17,18 +17,23 @@ fn home() -> &'static Path {
             let tmp = tempfile::tempdir().unwrap();
             let home = tmp.path().join("hermes");
             hermes_db(&["create", home.to_str().unwrap()]);
-            let minilm = minilm_dir();
-            let (ok, _, err) = recall_cli(&[
-                "index",
-                "--hermes-home",
-                home.to_str().unwrap(),
-                "--model",
-                minilm.to_str().unwrap(),
-            ]);
-            assert!(ok, "{err}");
+            index_with_minilm(&home);
             (tmp, home)
         })
         .1
+}
+
+/// `recall index` of the history at `home` with all-MiniLM-L6-v2.
+fn index_with_minilm(home: &Path) {
+    let minilm = minilm_dir();
+    let (ok, _, err) = recall_cli(&[
+        "index",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        minilm.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
 }
 
 /// `recall search --json QUERY EXTRA...`: the results.
@@ -115,15 +120,7 @@ fn questions_about_everyday_life_find_the_turn_that_answers() {
         file.to_str().unwrap(),
     ])["ids"]
         .clone();
-    let minilm = minilm_dir();
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    index_with_minilm(&home);
     let history: History = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     // Each question's session comes first, opened within two messages of
     // the answer (what Hermes's `session_search(around_message_id=…)`
