@@ -457,3 +457,95 @@ fn export_import_round_trip() {
     assert_eq!(out.trim(), fourth.snapshot().to_str().unwrap());
     assert_eq!(fourth.dense(&offline).len(), 32);
 }
+
+/// A manifest whose revision or repository would name a path outside the
+/// cache (a crafted archive) is refused before anything is written, in the
+/// cache or outside it; so is such a `--revision`.
+#[test]
+fn import_refuses_names_that_leave_the_cache() {
+    let source = Machine::new();
+    let (_keep, copy) = tiny_model_copy(&[
+        "model.safetensors",
+        "README.md",
+        "sentence_bert_config.json",
+    ]);
+    let (ok, _, err) = source.recall(
+        &[
+            "model",
+            "import",
+            copy.to_str().unwrap(),
+            "--revision",
+            COMMIT,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let tar = source.root.join("model.tar");
+    let (ok, _, err) = source.recall(&["model", "export", tar.to_str().unwrap()], &[]);
+    assert!(ok, "{err}");
+    let unpacked = source.root.join("unpacked");
+    tar::Archive::new(std::fs::File::open(&tar).unwrap())
+        .unpack(&unpacked)
+        .unwrap();
+    let manifest_file = unpacked.join("manifest.json");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_file).unwrap()).unwrap();
+
+    let victim = source.root.join("victimdir");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("notes.txt"), "mine").unwrap();
+    let escape = format!("{}{}", "../".repeat(12), victim.to_str().unwrap());
+    for (field, value) in [
+        ("revision", escape.as_str()),
+        ("revision", victim.to_str().unwrap()),
+        ("repo", "../../../evil"),
+    ] {
+        let mut crafted = manifest.clone();
+        crafted[field] = value.into();
+        std::fs::write(&manifest_file, crafted.to_string()).unwrap();
+        let target = Machine::new();
+        for from in [
+            &unpacked,
+            &repack(&unpacked, &target.root.join("crafted.tar")),
+        ] {
+            let (ok, _, err) = target.recall(&["model", "import", from.to_str().unwrap()], &[]);
+            assert!(!ok, "{field} = {value:?} was imported");
+            assert!(err.contains("is not a"), "{field} = {value:?}: {err}");
+        }
+        let names: Vec<_> = std::fs::read_dir(&victim).unwrap().collect();
+        assert_eq!(names.len(), 1, "{field} = {value:?} wrote into {victim:?}");
+        assert_eq!(
+            std::fs::read_to_string(victim.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        let hub = target.hub_cache();
+        let installed: Vec<_> = std::fs::read_dir(&hub)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            installed.is_empty(),
+            "{field} = {value:?} installed {installed:?}"
+        );
+        assert!(!target.root.join("recall/manifests").exists());
+    }
+    let target = Machine::new();
+    let (ok, _, err) = target.recall(
+        &[
+            "model",
+            "import",
+            copy.to_str().unwrap(),
+            "--revision",
+            &escape,
+        ],
+        &[],
+    );
+    assert!(!ok && err.contains("is not a revision"), "{err}");
+}
+
+/// `dir` packed into the tar at `path`.
+fn repack(dir: &Path, path: &Path) -> PathBuf {
+    let mut tar = tar::Builder::new(std::fs::File::create(path).unwrap());
+    tar.append_dir_all(".", dir).unwrap();
+    tar.finish().unwrap();
+    path.to_path_buf()
+}

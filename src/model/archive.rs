@@ -85,6 +85,8 @@ pub fn import(
             repo,
             revision,
         } => {
+            super::manifest::check_repo(repo).context("refusing to import")?;
+            super::manifest::check_revision(revision).context("refusing to import")?;
             let manifest = if dir.join(MANIFEST).is_file() {
                 Manifest::read(&dir.join(MANIFEST))?
             } else {
@@ -108,6 +110,8 @@ pub fn import(
             (files_dir, manifest, true)
         }
     };
+    // Its names become paths in the cache: checked before anything is written there.
+    manifest.check().context("refusing to import")?;
     let wrong = manifest.verify(&files_dir)?;
     if !wrong.is_empty() {
         let list: Vec<String> = wrong

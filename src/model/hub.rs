@@ -12,7 +12,9 @@ use hf_hub::api::sync::{Api, ApiBuilder};
 use hf_hub::{Cache, Repo, RepoType};
 
 use super::locate::{DEFAULT_REPO, hub_cache_dir};
-use super::manifest::{FileEntry, Manifest, is_sha256, manifest_path, sha256_file};
+use super::manifest::{
+    FileEntry, Manifest, check_repo, check_revision, is_sha256, manifest_path, sha256_file,
+};
 use crate::paths::home_dir;
 
 /// The files of BAAI/bge-m3 that recall needs.
@@ -110,6 +112,8 @@ pub fn fetch(
     recall_cache: &Path,
     mut say: impl FnMut(&str),
 ) -> Result<Fetched> {
+    check_repo(repo)?;
+    check_revision(revision)?;
     let api = options.api()?;
     let handle = api.repo(Repo::with_revision(
         repo.to_string(),
@@ -132,6 +136,9 @@ pub fn fetch(
         metas.push(meta);
     }
     let commit = metas[0].commit_hash().to_string();
+    // The commit names a directory of the cache: what a mirror answers is checked first.
+    check_revision(&commit)
+        .with_context(|| format!("{} answered for {repo}@{revision}", options.endpoint))?;
     let total: u64 = metas.iter().map(|m| m.size() as u64).sum();
     let dir = options
         .hub_cache

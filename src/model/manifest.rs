@@ -92,16 +92,29 @@ impl Manifest {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let manifest: Manifest = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a recall model manifest", path.display()))?;
-        for f in &manifest.files {
+        manifest
+            .check()
+            .with_context(|| format!("{}: refused", path.display()))?;
+        Ok(manifest)
+    }
+
+    /// Whether every name in it is safe to make a path of, inside the cache:
+    /// its repository and revision as the hub names them (`check_repo`,
+    /// `check_revision`), its files as relative paths without `.` or `..`.
+    pub fn check(&self) -> Result<()> {
+        check_repo(&self.repo)?;
+        check_revision(&self.revision)?;
+        for f in &self.files {
             if f.path
                 .split('/')
                 .any(|part| part.is_empty() || part == "." || part == "..")
                 || f.path.starts_with('/')
+                || f.path.contains('\\')
             {
-                bail!("{}: unsafe file path {:?}", path.display(), f.path);
+                bail!("unsafe file path {:?}", f.path);
             }
         }
-        Ok(manifest)
+        Ok(())
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {
@@ -115,6 +128,40 @@ impl Manifest {
         std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
     }
+}
+
+/// One part of a hub name: letters, digits, `-`, `_` and `.`, not starting
+/// with `.` (so never `.` or `..`), at most 128 characters.
+fn is_name_part(part: &str) -> bool {
+    !part.is_empty()
+        && part.len() <= 128
+        && !part.starts_with('.')
+        && part
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A repository as the hub names it, `name` or `owner/name`: its parts
+/// become one directory name in the cache, never a path.
+pub fn check_repo(repo: &str) -> Result<()> {
+    let parts: Vec<&str> = repo.split('/').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| is_name_part(p)) {
+        bail!(
+            "{repo:?} is not a model repository: `name` or `owner/name`, of letters, digits, `-`, `_` and `.`"
+        );
+    }
+    Ok(())
+}
+
+/// A revision as a snapshot directory of the cache names it: a commit hash
+/// or a branch or tag name, without separators.
+pub fn check_revision(revision: &str) -> Result<()> {
+    if !is_name_part(revision) {
+        bail!(
+            "{revision:?} is not a revision: a commit hash or a branch or tag name, of letters, digits, `-`, `_` and `.`"
+        );
+    }
+    Ok(())
 }
 
 /// Where recall keeps the manifest of `repo` at `revision`.
@@ -161,5 +208,56 @@ mod tests {
         let path = tmp.path().join("m.json");
         bad.write(&path).unwrap();
         assert!(Manifest::read(&path).is_err());
+    }
+
+    #[test]
+    fn names_that_would_leave_the_cache_are_refused() {
+        for revision in [
+            "../../../../tmp/victim",
+            "/tmp/victim",
+            "..",
+            ".",
+            "a/b",
+            "",
+            "x\\y",
+        ] {
+            assert!(check_revision(revision).is_err(), "{revision:?}");
+        }
+        for revision in [
+            "main",
+            "v1.0",
+            "0123456789abcdef0123456789abcdef01234567",
+            "local",
+        ] {
+            check_revision(revision).unwrap();
+        }
+        for repo in [
+            "../evil",
+            "a/b/c",
+            "/abs",
+            "a/..",
+            "",
+            "a//b",
+            "owner/.hidden",
+        ] {
+            assert!(check_repo(repo).is_err(), "{repo:?}");
+        }
+        for repo in [
+            "BAAI/bge-m3",
+            "sentence-transformers/all-MiniLM-L6-v2",
+            "local-model",
+        ] {
+            check_repo(repo).unwrap();
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let bad = Manifest {
+            repo: "BAAI/bge-m3".into(),
+            revision: "../../../../tmp/victim".into(),
+            files: Vec::new(),
+        };
+        let path = tmp.path().join("m.json");
+        bad.write(&path).unwrap();
+        let err = format!("{:#}", Manifest::read(&path).unwrap_err());
+        assert!(err.contains("is not a revision"), "{err}");
     }
 }
