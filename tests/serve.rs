@@ -538,10 +538,14 @@ fn info_health_tags_and_search() {
         assert_eq!(status, 200, "{hostile:?}: {found}");
         assert_eq!(found["success"], true);
     }
+    // Sizes from a request are bounded, never wrapped (2^63 × 40 overflows).
     for (field, value) in [
         ("half_life", json!(0)),
         ("half_life", json!(-3)),
         ("mmr", json!(2)),
+        ("limit", json!(1_000_000)),
+        ("limit", json!(1u64 << 63)),
+        ("limit", json!(u64::MAX)),
     ] {
         let (status, bad, _) = post(
             &server.url("/search"),

@@ -59,7 +59,7 @@ pub fn search(
             store.path().display()
         );
     }
-    let pool = (options.limit * 40).clamp(100, 1000);
+    let pool = options.limit.saturating_mul(40).clamp(100, 1000);
 
     let mut note = None;
     let embedded = match provider.filter(|_| options.signals != Signals::Keyword) {
@@ -252,7 +252,7 @@ pub fn search(
             .as_ref()
             .and_then(|e| e.colbert.as_ref())
             .context("--rerank needs the model's ColBERT vectors")?;
-        rerank(embedder, q, &mut ranked, options.limit * 4)?;
+        rerank(embedder, q, &mut ranked, options.limit.saturating_mul(4))?;
     }
     if options.mmr.is_none() {
         // Only the results shown need their answers looked up.

@@ -76,11 +76,15 @@ impl Default for SearchOptions {
     }
 }
 
+/// The most results one search returns: more sessions than a reader or an
+/// agent looks at, and a bound on the candidate pool it sizes.
+pub const MAX_LIMIT: usize = 1000;
+
 impl SearchOptions {
     /// Refuses what cannot be meant, naming the option.
     pub fn check(&self) -> Result<()> {
-        if self.limit == 0 {
-            bail!("--limit must be at least 1");
+        if !(1..=MAX_LIMIT).contains(&self.limit) {
+            bail!("--limit must be from 1 to {MAX_LIMIT}, not {}", self.limit);
         }
         if let Some(min) = self.min_score
             && !min.is_finite()
