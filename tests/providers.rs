@@ -849,6 +849,18 @@ fn configuration_errors_name_what_is_wrong() {
             "{toml:?}: {err} / {err2}"
         );
     }
+    // A key in a file others can read is named, with the way out.
+    let keyed = config_file(
+        dir.path(),
+        "chain = [\"ark\"]\n[providers.ark]\ntype = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key = \"sk-x\"\n",
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&keyed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (_, _, err) = recall_with(&home, &keyed, &["providers"]);
+    assert_eq!(err.matches("chmod 600").count(), 1, "{err}");
+    std::fs::set_permissions(&keyed, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, _, err) = recall_with(&home, &keyed, &["providers"]);
+    assert!(!err.contains("chmod 600"), "{err}");
     let missing = dir.path().join("missing.toml");
     let (code, _, err) = recall_with(&home, &missing, &["providers"]);
     assert_eq!(code, 1);

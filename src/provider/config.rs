@@ -188,6 +188,64 @@ pub fn default_path() -> Option<PathBuf> {
         .map(|d| d.join("recall").join("config.toml"))
 }
 
+/// Key names whose values are secrets: never printed, not even in a
+/// syntax error about their line.
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["key", "token", "secret", "password"]
+        .iter()
+        .any(|s| key.contains(s))
+        && !key.ends_with("_env")
+}
+
+/// The file parsed. An error names the line and column and says what is
+/// wrong without quoting the file: the quoted line may hold an API key, and
+/// an error can reach an agent's model (the Hermes plugin's fallback). On a
+/// line that sets a secret, only the key is named.
+fn parse(text: &str) -> Result<File> {
+    toml::from_str(text).map_err(|e| {
+        let Some(span) = e.span() else {
+            return anyhow::anyhow!("{}", e.message());
+        };
+        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+        let content = text.lines().nth(line - 1).unwrap_or("");
+        let key = content.split('=').next().unwrap_or("").trim();
+        if !content.contains('=') {
+            anyhow::anyhow!("line {line}: {}", e.message().trim_end())
+        } else if is_secret_key(key) {
+            anyhow::anyhow!(
+                "line {line}: the value of `{key}` is not valid (not shown: it is a secret)"
+            )
+        } else {
+            anyhow::anyhow!("line {line}, `{key}`: {}", e.message().trim_end())
+        }
+    })
+}
+
+/// Warns when `path` holds an API key and other users may read it (once
+/// a process: a command may read its configuration more than once).
+fn warn_if_exposed(path: &Path, file: &File) {
+    #[cfg(unix)]
+    {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        use std::os::unix::fs::PermissionsExt;
+        let holds_key = file.providers.values().any(|p| p.api_key.is_some());
+        let mode = std::fs::metadata(path).map_or(0, |m| m.permissions().mode());
+        if holds_key && mode & 0o077 != 0 {
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "{} holds an API key and other users can read it (mode {:o}): chmod 600 {}",
+                    path.display(),
+                    mode & 0o777,
+                    path.display()
+                )
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, file);
+}
+
 impl Config {
     /// Reads `explicit` (which must exist), else `RECALL_CONFIG` (which must
     /// exist), else the default path (if it exists); `chain` (from a flag)
@@ -209,9 +267,11 @@ impl Config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("cannot read {}", p.display()))?;
-                toml::from_str(&text).with_context(|| {
+                let file = parse(&text).with_context(|| {
                     format!("{} is not a valid recall configuration", p.display())
-                })?
+                })?;
+                warn_if_exposed(p, &file);
+                file
             }
             None => File::default(),
         };
@@ -393,5 +453,30 @@ impl Provider for RemoteProvider {
     fn embed(&self, inputs: &[Input], _sparse: bool) -> Result<Vec<Vector>, super::Error> {
         self.identity()?;
         Ok(self.remote.embed(inputs)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_syntax_error_never_shows_a_secret() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("config.toml");
+        let text = "chain = [\"ark\"]\n\n[providers.ark]\nkind = \"openai\"\nurl = \"https://example.invalid/v1\"\napi_key = sk-LEAKME-123\n";
+        std::fs::write(&path, text).unwrap();
+        let err = format!("{:#}", Config::load(Some(&path), &[]).unwrap_err());
+        assert!(!err.contains("LEAKME"), "{err}");
+        assert!(err.contains("line 6") && err.contains("`api_key`"), "{err}");
+        // Another line's error says where and what, without quoting the file.
+        std::fs::write(&path, "chain = [\"local\"\n").unwrap();
+        let err = format!("{:#}", Config::load(Some(&path), &[]).unwrap_err());
+        assert!(
+            err.contains("line 1, `chain`") && !err.contains("chain = "),
+            "{err}"
+        );
+        assert!(is_secret_key("api_key") && is_secret_key("Token"));
+        assert!(!is_secret_key("api_key_env") && !is_secret_key("url"));
     }
 }
