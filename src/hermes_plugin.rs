@@ -113,6 +113,10 @@ pub fn install(
             profile_home.display()
         );
     }
+    // Read before anything is written: a config.yaml recall cannot read as
+    // text is never edited (nor replaced), only named.
+    let config = profile_home.join("config.yaml");
+    let before = read_config(&config)?;
     let dir = plugin_dir(profile_home);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut report = InstallReport {
@@ -133,8 +137,6 @@ pub fn install(
         }
     }
 
-    let config = profile_home.join("config.yaml");
-    let before = std::fs::read_to_string(&config).ok();
     if before
         .as_deref()
         .is_some_and(|t| enabled_plugins(t).iter().any(|p| p == PLUGIN_NAME))
@@ -144,7 +146,7 @@ pub fn install(
     let backup = match &before {
         Some(text) => {
             let path = with_suffix(&config, BACKUP_SUFFIX);
-            std::fs::write(&path, text).with_context(|| {
+            write_like(&path, text.as_bytes(), &config).with_context(|| {
                 format!("cannot back up {} to {}", config.display(), path.display())
             })?;
             Some(path)
@@ -188,6 +190,57 @@ pub fn install(
     Ok(report)
 }
 
+/// `config` as text; None when there is none. A file that cannot be read,
+/// or is not UTF-8, is an error naming it: editing what was not understood
+/// would destroy it.
+fn read_config(config: &Path) -> Result<Option<String>> {
+    let bytes = match std::fs::read(config) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", config.display())),
+    };
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) => bail!(
+            "{} is not UTF-8 text (byte {} is not): recall leaves it as it is; fix its encoding, or enable the plugin \
+             with `hermes plugins enable {PLUGIN_NAME}`",
+            config.display(),
+            e.utf8_error().valid_up_to()
+        ),
+    }
+}
+
+/// Writes `bytes` to `path` with the permissions (and, where this process
+/// may, the owner) of `like`: a copy of a file holding API keys is as
+/// private as the file.
+fn write_like(path: &Path, bytes: &[u8], like: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::io::Write;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+        let meta = std::fs::metadata(like)?;
+        let mode = meta.permissions().mode() & 0o7777;
+        // Created with the mode (never readable by others in between), and
+        // set again for a file that was there already.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(path)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = like;
+        Ok(std::fs::write(path, bytes)?)
+    }
+}
+
 /// What uninstall did.
 #[derive(Debug, Default, Serialize)]
 pub struct UninstallReport {
@@ -195,6 +248,10 @@ pub struct UninstallReport {
     /// `restored` (config.yaml put back as it was), `removed` (only recall
     /// taken out of plugins.enabled, the file having changed since), or None.
     pub config: Option<String>,
+    /// The copy of config.yaml from before install, when it was not put
+    /// back: kept, since it may hold what the file no longer has (comments
+    /// that `hermes plugins enable` dropped).
+    pub kept_backup: Option<PathBuf>,
 }
 
 /// Disables and removes the plugin from `profile_home`.
@@ -226,7 +283,11 @@ pub fn uninstall(profile_home: &Path) -> Result<UninstallReport> {
         _ => {}
     }
     if let Some(backup) = state.as_ref().and_then(|s| s.backup.as_ref()) {
-        let _ = std::fs::remove_file(backup);
+        if report.config.as_deref() == Some("restored") {
+            let _ = std::fs::remove_file(backup);
+        } else if backup.exists() {
+            report.kept_backup = Some(backup.clone());
+        }
     }
     if dir.exists() {
         std::fs::remove_dir_all(&dir)

@@ -142,6 +142,60 @@ fn install_by_edit_then_uninstall_leaves_config_as_it_was() {
     assert_eq!(seen["offered"], false);
 }
 
+/// A config.yaml holding secrets stays private through install and
+/// uninstall (its backup too); one recall cannot read as text is never
+/// edited or replaced; a backup that uninstall cannot put back is kept.
+#[test]
+fn config_yaml_is_never_exposed_destroyed_or_lost() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let no_hermes = ["--no-hermes-command", "--server", "http://127.0.0.1:9"];
+    let (_tmp, home) = history();
+    let config = home.join("config.yaml");
+    let secret = format!("{CONFIG}api_key: sk-SECRET\n");
+    std::fs::write(&config, &secret).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    install(&home, &no_hermes);
+    assert_eq!(mode(&config), 0o600);
+    assert_eq!(mode(&home.join("config.yaml.recall-backup")), 0o600);
+    uninstall(&home);
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), secret);
+    assert_eq!(mode(&config), 0o600);
+
+    // Not UTF-8: refused, naming the file, and left byte for byte.
+    let latin1 = b"# r\xe9glages\nplugins:\n  enabled:\n  - other-plugin\n".to_vec();
+    std::fs::write(&config, &latin1).unwrap();
+    let (ok, _, err) = recall_cli(&[
+        "hermes",
+        "install",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        minilm_dir().to_str().unwrap(),
+        "--no-hermes-command",
+    ]);
+    assert!(!ok && err.contains("config.yaml is not UTF-8"), "{err}");
+    assert_eq!(std::fs::read(&config).unwrap(), latin1);
+    assert!(!home.join("config.yaml.recall-backup").exists());
+
+    // Edited since install: recall is taken out, and the backup stays.
+    std::fs::write(&config, CONFIG).unwrap();
+    install(&home, &no_hermes);
+    let edited = std::fs::read_to_string(&config).unwrap() + "display:\n  skin: dark\n";
+    std::fs::write(&config, &edited).unwrap();
+    let out = uninstall(&home);
+    assert!(out.contains("is kept at"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(home.join("config.yaml.recall-backup")).unwrap(),
+        CONFIG
+    );
+    assert!(
+        !std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("- recall")
+    );
+}
+
 #[test]
 fn install_with_the_hermes_command_and_a_running_server() {
     let (_tmp, home) = history();

@@ -199,6 +199,12 @@ fn uninstall(args: UninstallArgs) -> Result<()> {
         ),
         None => {}
     }
+    if let Some(backup) = &report.kept_backup {
+        println!(
+            "config.yaml as it was before install is kept at {} (remove it when you no longer need it)",
+            backup.display()
+        );
+    }
     if report.removed_plugin {
         println!(
             "removed {}",
