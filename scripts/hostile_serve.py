@@ -12,7 +12,9 @@ then, at the same time:
     shorter or longer than declared, bodies over the size limit;
   - keeps slow clients connected: headers sent a byte at a time, bodies
     trickled, connections opened and left silent;
-  - asks /health every 20 ms and records how long each answer took.
+  - asks /health every 20 ms and records how long each answer took;
+then checks what a web page could send: another Host (DNS rebinding) is
+refused, and so is a POST that is not JSON; no CORS preflight is granted.
 Then it checks and prints: the server never stopped (0 crashes), no answer
 was a 5xx other than 503 with Retry-After, /health's p50/p99/max, the
 server's peak RSS (VmHWM). Exits 1 when a check fails. Python standard
@@ -105,7 +107,7 @@ def exchange(port, raw, timeout=30.0):
 
 def request(method, path, body=b"", content_type="application/json", length=None):
     length = len(body) if length is None else length
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
     if content_type:
         head += f"Content-Type: {content_type}\r\n"
     if method != "GET" or body:
@@ -145,7 +147,7 @@ def slow_clients(port, stop):
     def slow_headers():
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-                for b in b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n" + b"X: " + b"y" * 500:
+                for b in b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X: " + b"y" * 500:
                     if stop.is_set():
                         return
                     s.send(bytes([b]))
@@ -201,6 +203,31 @@ def peak_rss(pid):
     return 0
 
 
+def web_page_checks(port):
+    """What a web page could send to a server without an API key: its own
+    host name (DNS rebinding), a form or plain-text POST (no preflight
+    needed), a preflight. Returns the checks that failed."""
+    failed = []
+    expect = [
+        ("POST", "/search", "evil.example", "application/json", 403),
+        ("GET", "/info", f"evil.example:{port}", None, 403),
+        ("POST", "/index", f"127.0.0.1:{port}", "text/plain", 415),
+        ("POST", "/v1/embeddings", f"localhost:{port}", "application/x-www-form-urlencoded", 415),
+        ("POST", "/v1/embeddings", f"localhost:{port}", "application/json", 200),
+    ]
+    for method, path, host, content_type, want in expect:
+        body = b'{"input": "x", "query": "x"}'
+        raw = request(method, path, body, content_type=content_type).replace(b"Host: 127.0.0.1", b"Host: " + host.encode())
+        status, _ = exchange(port, raw, timeout=30)
+        if status != want:
+            failed.append(f"{method} {path} Host {host} {content_type}: {status}, not {want}")
+    status, head = exchange(port, request("OPTIONS", "/search", content_type=None).replace(
+        b"\r\n\r\n", b"\r\nOrigin: http://evil.example\r\nAccess-Control-Request-Method: POST\r\n\r\n", 1), timeout=30)
+    if head and "access-control-allow-origin" in head:
+        failed.append(f"a CORS preflight was granted ({status})")
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
@@ -240,6 +267,7 @@ def main():
         t.start()
     for t in workers:
         t.join()
+    web_failed = web_page_checks(port)
     stop.set()
     for t in background:
         t.join()
@@ -264,7 +292,7 @@ def main():
         "peak_rss_mib": round(rss / 2**20, 1),
     }
     print(json.dumps(report, indent=1))
-    failed = []
+    failed = list(web_failed)
     if not alive:
         failed.append("the server stopped")
     if tally.bad:

@@ -360,6 +360,89 @@ fn api_key_is_required_off_loopback_and_checked() {
     assert_eq!(get(&server.url("/info")).0, 401);
 }
 
+/// A web page cannot use a server without an API key: not by DNS
+/// rebinding (its requests name the page's host), not by a form or
+/// plain-text POST (the only ones it may send without a preflight), and no
+/// preflight is granted. With a key, the key guards, and names pass.
+#[test]
+fn web_pages_cannot_reach_a_server_without_a_key() {
+    let server = start(&["--allow-host", "recall.internal"]);
+    let addr = server.url("").trim_start_matches("http://").to_string();
+    let raw = |method: &str, path: &str, host: &str, content_type: &str| -> u16 {
+        use std::io::{Read, Write};
+        let body = "{\"query\": \"disk\", \"input\": \"x\"}";
+        let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            tcp,
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).unwrap();
+        answer.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let json = "application/json";
+    let port = addr.rsplit_once(':').unwrap().1.to_string();
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        "192.168.1.20",
+        "localhost.evil.example",
+    ] {
+        assert_eq!(raw("POST", "/v1/embeddings", host, json), 403, "{host}");
+        assert_eq!(raw("GET", "/info", host, json), 403, "{host}");
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+        "recall.internal".to_string(),
+    ] {
+        assert_eq!(raw("POST", "/v1/embeddings", &host, json), 200, "{host}");
+    }
+    let local = format!("127.0.0.1:{port}");
+    for content_type in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        assert_eq!(
+            raw("POST", "/v1/embeddings", &local, content_type),
+            415,
+            "{content_type}"
+        );
+        assert_eq!(
+            raw("POST", "/index", &local, content_type),
+            415,
+            "{content_type}"
+        );
+    }
+    assert_eq!(
+        raw(
+            "POST",
+            "/v1/embeddings",
+            &local,
+            "application/json; charset=utf-8"
+        ),
+        200
+    );
+    let preflight = raw("OPTIONS", "/search", &local, json);
+    assert!(
+        !(200..300).contains(&preflight),
+        "a preflight was granted: {preflight}"
+    );
+
+    let keyed = start(&["--api-key", "s3cret"]);
+    let response = agent()
+        .post(&keyed.url("/v1/embeddings"))
+        .header("Host", "recall.example.org")
+        .header("Authorization", "Bearer s3cret")
+        .send_json(json!({"input": "x"}))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+}
+
 /// A request of many long inputs that keeps the worker busy for a while.
 fn heavy() -> Value {
     json!({"input": vec!["lorem ipsum dolor sit amet ".repeat(12); 2000]})
@@ -592,7 +675,7 @@ fn hostile_requests_get_answers_and_the_server_keeps_serving() {
         std::net::TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
     std::io::Write::write_all(
         &mut stalled,
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"input\":",
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"input\":",
     )
     .unwrap();
 
@@ -717,7 +800,7 @@ fn trickler(addr: &str, path: &str, length: usize) -> std::thread::JoinHandle<Op
         let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
-        write!(tcp, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n").unwrap();
+        write!(tcp, "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n").unwrap();
         let mut answer = Vec::new();
         for _ in 0..100 {
             if tcp.write_all(b" ").is_err() {
@@ -762,7 +845,7 @@ fn slow_and_large_clients_cannot_stall_the_server() {
             use std::io::{Read, Write};
             let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
             let start = Instant::now();
-            for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "
+            for b in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
                 .iter()
                 .chain(b"y".repeat(200).iter())
             {
@@ -845,7 +928,7 @@ fn slow_and_large_clients_cannot_stall_the_server() {
         let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
         write!(
             tcp,
-            "POST /api/embed HTTP/1.1\r\nHost: x\r\nContent-Length: 15000000\r\n\r\n"
+            "POST /api/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 15000000\r\n\r\n"
         )
         .unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -33,6 +33,12 @@ pub struct ServeArgs {
         value_name = "KEY"
     )]
     api_key: Option<String>,
+    /// Without an API key, requests must name this server as a loopback
+    /// address, `localhost` or --host in their `Host` header, so that a web
+    /// page cannot reach it by DNS rebinding; this accepts another name too
+    /// (a local proxy's). Repeat it, or separate names with commas.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    allow_host: Vec<String>,
     /// The model name clients use (a BGE-M3 model also answers to bge-m3 and BAAI/bge-m3).
     /// Default: bge-m3 for a BGE-M3 model, else the model directory's name.
     #[arg(long, value_name = "NAME")]
@@ -135,6 +141,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         host: args.host,
         port: args.port,
         api_key: args.api_key,
+        allowed_hosts: args.allow_host,
         served_model_name,
         max_body_bytes: args.max_body_bytes,
         max_inflight_bytes: args.max_inflight_bytes,

@@ -1,5 +1,6 @@
-//! The middleware in front of every route: the API key (compared in
-//! constant time; `/health` open), then admission: the body read whole
+//! The middleware in front of every route: what a web page could abuse
+//! (the `Host` a server without an API key answers to, JSON bodies only),
+//! the API key (compared in constant time; `/health` open), then admission: the body read whole
 //! within a bytes-in-flight budget and a timeout, then a request slot (429
 //! when none is free). `/health` needs neither.
 
@@ -12,6 +13,83 @@ use axum::response::Response;
 use subtle::ConstantTimeEq;
 
 use super::{ApiError, AppState, Dialect, Shared};
+
+/// Keeps web pages out. A page the user visits can send requests to
+/// localhost, and by DNS rebinding read the answers under its own name: a
+/// server without an API key answers only requests that name it as a
+/// loopback address, `localhost`, its `--host` or an `--allow-host` name.
+/// And a page can send a POST without asking first only as a form or plain
+/// text: every POST must be `application/json`, which it cannot send
+/// without a CORS preflight, which this server never grants.
+pub(super) async fn same_origin(
+    State(state): State<Shared>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let dialect = Dialect::of_path(request.uri().path());
+    let keyless = state.config.api_key.as_deref().is_none_or(str::is_empty);
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}").to_string())
+        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    if let Some(host) = host.filter(|h| keyless && !host_allowed(h, &state.config)) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this server answers requests for localhost only, not for Host {host:?} \
+                 (a web page could reach it under another name); set --allow-host NAME to accept a name"
+            ),
+        )
+        .code("host_not_allowed")
+        .render(dialect);
+    }
+    if request.method() == axum::http::Method::POST {
+        let json = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the body as JSON with `Content-Type: application/json`",
+            )
+            .code("unsupported_media_type")
+            .render(dialect);
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `host` (a `Host` header: a name or address, perhaps with a port)
+/// names this server as a keyless server may be named.
+fn host_allowed(host: &str, config: &super::ServeConfig) -> bool {
+    let host = host.trim();
+    // `[::1]:11435`, `127.0.0.1:11435`, `localhost`.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        }),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        return ip.is_loopback() || ip == config.host;
+    }
+    config
+        .allowed_hosts
+        .iter()
+        .any(|allowed| allowed.trim_end_matches('.').eq_ignore_ascii_case(&name))
+}
 
 pub(super) async fn authorize(
     State(state): State<Shared>,

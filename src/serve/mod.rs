@@ -31,7 +31,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use tokio::sync::Semaphore;
 
-use admission::{admit, authorize};
+use admission::{admit, authorize, same_origin};
 pub use batcher::{BatchError, Batcher};
 pub use error::{ApiError, Dialect};
 pub use inputs::{Inputs, parse_body};
@@ -53,6 +53,9 @@ pub struct ServeConfig {
     pub port: u16,
     /// Required to bind anything but a loopback address.
     pub api_key: Option<String>,
+    /// Host names, besides loopback ones and `host`, that requests to a
+    /// server without an API key may name (a local proxy's).
+    pub allowed_hosts: Vec<String>,
     /// The name the model answers to, besides `bge-m3` and `BAAI/bge-m3` for a BGE-M3 model.
     pub served_model_name: String,
     /// Largest request body, bytes.
@@ -139,6 +142,7 @@ pub fn router(state: Shared) -> Router {
         .merge(recall_api::routes())
         .layer(middleware::from_fn_with_state(state.clone(), admit))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), same_origin))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
