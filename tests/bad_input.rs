@@ -202,3 +202,91 @@ fn cli_reports_truncation() {
     assert_contains(&err, &["1 of 2 inputs", "truncated"]);
     assert!(out.lines().next().unwrap().contains("\"truncated\":true"));
 }
+
+/// A model whose weights give NaN never reaches a client or an index: the
+/// embed fails naming the model, the server answers 500 with that message
+/// (not nulls), indexing stores nothing; and a search of an index that holds
+/// such a vector (an older recall stored it) skips that row instead of failing.
+#[test]
+fn nan_vectors_are_never_returned_or_stored() {
+    let (_tmp, model) = nan_model(&tiny_model_dir());
+    let model_arg = model.to_str().unwrap();
+    let (ok, out, err) = recall_cli(&["embed", "--model", model_arg, "hello"]);
+    assert!(!ok && !out.contains("null"), "{out}");
+    assert_contains(&err, &["not finite", model_arg]);
+
+    let server = Server::start(&model, &[]);
+    let mut response = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent()
+        .post(&server.url("/v1/embeddings"))
+        .send_json(serde_json::json!({"input": "hello"}))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 500);
+    let body = response.body_mut().read_to_string().unwrap();
+    assert!(
+        body.contains("not finite") && !body.contains("[null"),
+        "{body}"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    hermes_db(&["create", home.to_str().unwrap()]);
+    let home_arg = home.to_str().unwrap();
+    let (ok, _, err) = recall_cli(&["index", "--hermes-home", home_arg, "--model", model_arg]);
+    assert!(!ok, "indexing with NaN weights succeeded");
+    assert_contains(&err, &["not finite"]);
+    if let Ok(store) = recall::index::store::Store::open(&home.join("recall/index.db")) {
+        assert_eq!(store.counts().unwrap().vectors, 0);
+    }
+
+    // An index holding a NaN vector: search skips it.
+    let good = tiny_model_dir();
+    let good_arg = good.to_str().unwrap();
+    let index = tmp.path().join("good.db");
+    let index_arg = index.to_str().unwrap();
+    let (ok, _, err) = recall_cli(&[
+        "index",
+        "--hermes-home",
+        home_arg,
+        "--index",
+        index_arg,
+        "--model",
+        good_arg,
+    ]);
+    assert!(ok, "{err}");
+    let store = recall::index::store::Store::open(&index).unwrap();
+    let dims = store.identity().unwrap().unwrap().dimension;
+    let nan: Vec<u8> = std::iter::repeat_n(f32::NAN.to_le_bytes(), dims)
+        .flatten()
+        .collect();
+    store
+        .conn()
+        .execute(
+            "UPDATE chunks_vec SET embedding = ? WHERE chunk_id = 1",
+            [nan],
+        )
+        .unwrap();
+    drop(store);
+    for scan in ["exact", "binary"] {
+        let (ok, out, err) = recall_cli(&[
+            "search",
+            "--json",
+            "disk space",
+            "--hermes-home",
+            home_arg,
+            "--index",
+            index_arg,
+            "--model",
+            good_arg,
+            "--scan",
+            scan,
+        ]);
+        assert!(ok, "--scan {scan}: {err}");
+        assert!(
+            !out.is_empty() && !out.contains("NaN"),
+            "--scan {scan}: {out}"
+        );
+    }
+}

@@ -48,10 +48,20 @@ impl Store {
         let mut stmt = self.conn().prepare_cached(
             "SELECT chunk_id, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? ORDER BY distance",
         )?;
+        // A row whose distance is not a number (a vector with NaN values,
+        // stored by an older recall) is skipped, not an error for every search.
         let rows = stmt.query_map(params![f32_blob(query), k as i64], |r| {
-            Ok((r.get(0)?, r.get::<_, f64>(1)? as f32))
+            Ok((r.get(0)?, r.get::<_, Option<f64>>(1)?))
         })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        let mut out = Vec::with_capacity(k);
+        for row in rows {
+            if let (id, Some(distance)) = row?
+                && distance.is_finite()
+            {
+                out.push((id, distance as f32));
+            }
+        }
+        Ok(out)
     }
 
     /// A passage's text (None: deleted).

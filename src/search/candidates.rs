@@ -47,10 +47,10 @@ pub(super) fn exact_similarity(
     let mut out = Vec::with_capacity(chunks.len());
     for chunk in chunks {
         if let Some(v) = vectors.get_by_text(chunk.id, &chunk.text)? {
-            out.push((
-                chunk.id,
-                l2_to_similarity(vector::l2(query, &v), normalized),
-            ));
+            let distance = vector::l2(query, &v);
+            if distance.is_finite() {
+                out.push((chunk.id, l2_to_similarity(distance, normalized)));
+            }
         }
     }
     Ok(out)

@@ -188,7 +188,12 @@ pub fn search(
         .map(|((s, title), title_match)| rank::Evidence {
             passages: match dense_query {
                 Some(_) => {
-                    let mut cosines: Vec<f32> = s.passages.iter().map(|p| p.similarity).collect();
+                    let mut cosines: Vec<f32> = s
+                        .passages
+                        .iter()
+                        .map(|p| p.similarity)
+                        .filter(|c| c.is_finite())
+                        .collect();
                     cosines.sort_by(|a, b| b.total_cmp(a));
                     cosines
                 }

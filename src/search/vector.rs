@@ -87,9 +87,13 @@ fn rescored(store: &Store, codes: &CodeFile, query: &[f32], k: usize) -> Result<
     let vectors = StoredVectors::new(store)?;
     let mut scored = Vec::with_capacity(candidates.len());
     for id in candidates {
-        // A chunk deleted since the code file was brought up to date has no vector.
+        // A chunk deleted since the code file was brought up to date has no
+        // vector; one with NaN values (an older recall stored it) no distance.
         if let Some(v) = vectors.get(id)? {
-            scored.push((id, l2(query, &v)));
+            let distance = l2(query, &v);
+            if distance.is_finite() {
+                scored.push((id, distance));
+            }
         }
     }
     scored.sort_by(|a, b| a.1.total_cmp(&b.1));

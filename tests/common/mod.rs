@@ -338,11 +338,45 @@ pub fn chmod(path: &Path, mode: u32) {
 /// activations int8 finds hard; it is another model, and says nothing of
 /// how large the real BGE-M3's outliers are or where they sit.
 pub fn outlier_model(src: &Path, channels: usize, factor: f32) -> (tempfile::TempDir, PathBuf) {
-    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
     const OUTLIER_CHANNELS: [usize; 4] = [3, 17, 29, 11];
+    edited_model(
+        src,
+        &format!("outliers-{channels}x{factor}"),
+        |name, data| {
+            if name.contains("encoder.layer.") && name.contains("LayerNorm.") {
+                for &c in &OUTLIER_CHANNELS[..channels] {
+                    let at = c * 4..c * 4 + 4;
+                    let v = f32::from_le_bytes(data[at.clone()].try_into().unwrap()) * factor;
+                    data[at].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        },
+    )
+}
+
+/// A copy of the model at `src` whose first encoder layer's LayerNorm
+/// weights are NaN: damaged weights, as a bad download or disk can leave.
+pub fn nan_model(src: &Path) -> (tempfile::TempDir, PathBuf) {
+    edited_model(src, "nan", |name, data| {
+        if name.contains("encoder.layer.0.") && name.ends_with("LayerNorm.weight") {
+            for value in data.chunks_exact_mut(4) {
+                value.copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+        }
+    })
+}
+
+/// A copy of the model at `src` (named `<src>-<suffix>`) with each f32
+/// tensor's bytes passed through `edit(name, bytes)`.
+fn edited_model(
+    src: &Path,
+    suffix: &str,
+    edit: impl Fn(&str, &mut [u8]),
+) -> (tempfile::TempDir, PathBuf) {
+    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join(format!(
-        "{}-outliers-{channels}x{factor}",
+        "{}-{suffix}",
         src.file_name().unwrap().to_string_lossy()
     ));
     copy_dir(src, &dst, &["model.safetensors", "pytorch_model.bin"]);
@@ -351,14 +385,8 @@ pub fn outlier_model(src: &Path, channels: usize, factor: f32) -> (tempfile::Tem
     let mut out: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, view) in tensors.tensors() {
         let mut data = view.data().to_vec();
-        let layer_norm = name.contains("encoder.layer.") && name.contains("LayerNorm.");
-        if layer_norm {
-            assert_eq!(view.dtype(), Dtype::F32, "{name}");
-            for &c in &OUTLIER_CHANNELS[..channels] {
-                let at = c * 4..c * 4 + 4;
-                let v = f32::from_le_bytes(data[at.clone()].try_into().unwrap()) * factor;
-                data[at].copy_from_slice(&v.to_le_bytes());
-            }
+        if view.dtype() == Dtype::F32 {
+            edit(&name, &mut data);
         }
         out.push((name, view.dtype(), view.shape().to_vec(), data));
     }

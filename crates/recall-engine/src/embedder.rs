@@ -384,7 +384,30 @@ impl Embedder {
                 offset += len;
             }
         }
+        self.check_finite(&out)?;
         Ok(out)
+    }
+
+    /// A vector with NaN or infinite values would poison every search of an
+    /// index that stored it: the whole batch fails instead, naming the model.
+    fn check_finite(&self, out: &[Embedding]) -> Result<()> {
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        let bad = out.iter().any(|e| {
+            !(e.dense.as_deref().is_none_or(finite)
+                && e.sparse
+                    .as_ref()
+                    .is_none_or(|s| s.values().all(|w| w.is_finite()))
+                && e.colbert
+                    .as_ref()
+                    .is_none_or(|c| c.iter().all(|v| finite(v))))
+        });
+        if bad {
+            bail!(
+                "the model at {} gave values that are not finite numbers (NaN or infinity): its weights may be damaged",
+                self.info.dir.display()
+            );
+        }
+        Ok(())
     }
 }
 
