@@ -195,11 +195,15 @@ fn relevance_scores(
             if e.passages.is_empty() && e.matches.iter().all(|m| m.1 == 0.0) {
                 return None;
             }
-            let mut relevance: Vec<f32> = e
-                .matches
-                .iter()
-                .map(|(cosine, w)| cosine + words * r.words * w)
-                .collect();
+            // Without words' matches, the cosines alone.
+            let mut relevance: Vec<f32> = if e.matches.is_empty() {
+                e.passages.clone()
+            } else {
+                e.matches
+                    .iter()
+                    .map(|(cosine, w)| cosine + words * r.words * w)
+                    .collect()
+            };
             relevance.sort_by(|a, b| b.total_cmp(a));
             let passages = session_score(&relevance, e.title, floor, r)?;
             Some(passages + words * r.session_words * e.session_words)
@@ -447,5 +451,41 @@ mod tests {
             s[1].fused >= s[0].fused,
             "a tie goes to the interactive session"
         );
+    }
+
+    #[test]
+    fn words_decide_only_where_meaning_does_not_stand_out() {
+        // Twenty sessions close to the query by meaning; the last holds its words.
+        let mut evidence: Vec<Evidence> = (0..20)
+            .map(|i| {
+                let mut e = dense_only(0.30 - i as f32 * 0.001);
+                e.matches = vec![(e.passages[0], 0.0)];
+                e
+            })
+            .collect();
+        evidence[19].matches = vec![(evidence[19].passages[0], 1.0)];
+        evidence[19].session_words = 1.0;
+        let best = |s: &[Standing]| {
+            (0..s.len())
+                .max_by(|a, b| s[*a].fused.total_cmp(&s[*b].fused))
+                .unwrap()
+        };
+        let flat = rrf(&evidence, 0.2, Some(0.05));
+        assert_eq!(best(&flat), 19, "{flat:?}");
+        // The first stands far out by meaning: the words no longer move it.
+        evidence[0].passages = vec![0.9];
+        evidence[0].matches = vec![(0.9, 0.0)];
+        let clear = rrf(&evidence, 0.2, Some(0.05));
+        assert_eq!(best(&clear), 0, "{clear:?}");
+    }
+
+    #[test]
+    fn most_of_the_query_words_make_a_result_strong() {
+        let mut evidence: Vec<Evidence> = (0..20)
+            .map(|i| dense_only(0.3 - i as f32 * 0.001))
+            .collect();
+        evidence[7].coverage = Ranking::default().covered;
+        let s = rrf(&evidence, 0.2, Some(0.05));
+        assert!(!s[7].weak && s[6].weak && s[8].weak, "{s:?}");
     }
 }
