@@ -6,7 +6,8 @@
 //! Enabling uses `hermes plugins enable recall` when the `hermes` command is
 //! there (Hermes then rewrites `config.yaml` itself, comments dropped), and
 //! otherwise a line edit of `plugins.enabled` that keeps the user's
-//! comments, order and formatting. Either way the previous `config.yaml` is
+//! comments, order and formatting, checked by a YAML parser to change
+//! nothing else (or refused, leaving the file alone). Either way the previous `config.yaml` is
 //! kept as `config.yaml.recall-backup`, and uninstall puts it back when
 //! nothing else changed the file since; if something did, it removes only
 //! `recall` from the list.
@@ -143,6 +144,12 @@ pub fn install(
     {
         return Ok(report);
     }
+    // Without the Hermes command, the edit is made (or refused) before
+    // anything of the user's is copied or written.
+    let edited = match hermes_bin {
+        Some(_) => None,
+        None => Some(add_enabled(before.as_deref().unwrap_or(""), PLUGIN_NAME)?),
+    };
     let backup = match &before {
         Some(text) => {
             let path = with_suffix(&config, BACKUP_SUFFIX);
@@ -153,8 +160,8 @@ pub fn install(
         }
         None => None,
     };
-    let method = match hermes_bin {
-        Some(hermes) => {
+    let method = match (hermes_bin, edited) {
+        (Some(hermes), _) => {
             let out = std::process::Command::new(hermes)
                 .args(["plugins", "enable", PLUGIN_NAME, "--no-allow-tool-override"])
                 .env("HERMES_HOME", profile_home)
@@ -171,9 +178,8 @@ pub fn install(
             }
             "hermes"
         }
-        None => {
-            let edited = add_enabled(before.as_deref().unwrap_or(""), PLUGIN_NAME)?;
-            std::fs::write(&config, edited)
+        (None, edited) => {
+            std::fs::write(&config, edited.unwrap_or_default())
                 .with_context(|| format!("cannot write {}", config.display()))?;
             "edit"
         }
@@ -273,10 +279,14 @@ pub fn uninstall(profile_home: &Path) -> Result<UninstallReport> {
             }
             report.config = Some("restored".into());
         }
-        (_, Some(now)) => {
-            let text = String::from_utf8_lossy(now);
+        (_, Some(_)) => {
+            // Changed since install: only recall comes out of the list, by
+            // the same edit (or not at all) as install's.
+            let text = read_config(&config)?.unwrap_or_default();
             if enabled_plugins(&text).iter().any(|p| p == PLUGIN_NAME) {
-                std::fs::write(&config, remove_enabled(&text, PLUGIN_NAME))?;
+                let edited = remove_enabled(&text, PLUGIN_NAME)
+                    .with_context(|| format!("cannot edit {}", config.display()))?;
+                std::fs::write(&config, edited)?;
                 report.config = Some("removed".into());
             }
         }
@@ -394,6 +404,7 @@ fn block_items(lines: &[&str], at: usize, end: usize) -> Vec<usize> {
 
 /// The names in `plugins.enabled`.
 pub fn enabled_plugins(text: &str) -> Vec<String> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
     let lines: Vec<&str> = text.lines().collect();
     let Some((_, end, Some(at))) = locate(&lines) else {
         return Vec::new();
@@ -413,24 +424,118 @@ pub fn enabled_plugins(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn join(lines: &[String], original: &str) -> String {
-    let mut out = lines.join("\n");
-    if original.ends_with('\n') || original.is_empty() {
-        out.push('\n');
-    }
-    out
-}
+const BOM: &str = "\u{feff}";
 
 /// `text` with `name` added to `plugins.enabled`, everything else untouched.
 pub fn add_enabled(text: &str, name: &str) -> Result<String> {
-    let lines: Vec<&str> = text.lines().collect();
+    edit(text, name, Change::Add)
+}
+
+/// `text` with `name` taken out of `plugins.enabled`.
+pub fn remove_enabled(text: &str, name: &str) -> Result<String> {
+    edit(text, name, Change::Remove)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Change {
+    Add,
+    Remove,
+}
+
+/// The line edit, then a check by a YAML parser that it changed nothing but
+/// the list: a construct the edit does not know is refused, never mangled.
+/// The byte-order mark and the line endings are kept.
+fn edit(text: &str, name: &str, change: Change) -> Result<String> {
+    let (bom, body) = match text.strip_prefix(BOM) {
+        Some(body) => (BOM, body),
+        None => ("", text),
+    };
+    let crlf = body.matches("\r\n").count();
+    let newline = match (crlf, body.matches('\n').count()) {
+        (0, _) => "\n",
+        (crlf, lf) if crlf == lf => "\r\n",
+        _ => bail!(
+            "config.yaml mixes CRLF and LF line endings, which recall's edit would not keep: {}",
+            by_hand(name, change)
+        ),
+    };
+    let lines: Vec<&str> = body.lines().collect();
     let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    match locate(&lines) {
+    match change {
+        Change::Add => add_lines(&lines, &mut out, name)?,
+        Change::Remove => remove_lines(&lines, &mut out, name),
+    }
+    let mut edited = out.join(newline);
+    if body.ends_with('\n') || body.is_empty() {
+        edited.push_str(newline);
+    }
+    let before =
+        parse_enabled(body).map_err(|e| anyhow::anyhow!("{e}: {}", by_hand(name, change)))?;
+    let mut want = before.1.clone();
+    match change {
+        Change::Add => want.push(yaml_rust2::Yaml::String(name.to_string())),
+        Change::Remove => want.retain(|item| item.as_str() != Some(name)),
+    }
+    match parse_enabled(&edited) {
+        Ok((rest, list)) if rest == before.0 && list == want => Ok(format!("{bom}{edited}")),
+        _ => bail!(
+            "config.yaml writes plugins.enabled (or what is around it) in a form recall's line edit \
+             does not keep: {}",
+            by_hand(name, change)
+        ),
+    }
+}
+
+fn by_hand(name: &str, change: Change) -> String {
+    match change {
+        Change::Add => format!(
+            "add {name} to plugins.enabled by hand, or install with the `hermes` command on PATH"
+        ),
+        Change::Remove => format!("remove {name} from plugins.enabled by hand"),
+    }
+}
+
+/// A config.yaml as YAML: the document without `plugins.enabled`, and that
+/// list (empty when absent or null).
+fn parse_enabled(text: &str) -> Result<(yaml_rust2::Yaml, Vec<yaml_rust2::Yaml>)> {
+    use yaml_rust2::Yaml;
+    let mut docs = yaml_rust2::YamlLoader::load_from_str(text)
+        .map_err(|e| anyhow::anyhow!("config.yaml is not YAML recall can read ({e})"))?;
+    if docs.len() > 1 {
+        bail!("config.yaml holds {} YAML documents", docs.len());
+    }
+    // A file of comments only is an empty mapping, as Hermes reads it.
+    let mut doc = match docs.pop() {
+        None | Some(Yaml::Null) => Yaml::Hash(Default::default()),
+        Some(doc) => doc,
+    };
+    let key = |k: &str| Yaml::String(k.to_string());
+    let mut enabled = Yaml::Null;
+    if let Yaml::Hash(top) = &mut doc {
+        if let Some(Yaml::Hash(plugins)) = top.get_mut(&key("plugins")) {
+            enabled = plugins.remove(&key("enabled")).unwrap_or(Yaml::Null);
+        }
+        if matches!(top.get(&key("plugins")), Some(Yaml::Null))
+            || matches!(top.get(&key("plugins")), Some(Yaml::Hash(h)) if h.is_empty())
+        {
+            top.remove(&key("plugins"));
+        }
+    }
+    let list = match enabled {
+        Yaml::Null => Vec::new(),
+        Yaml::Array(items) => items,
+        other => bail!("config.yaml's plugins.enabled is {other:?}, not a list"),
+    };
+    Ok((doc, list))
+}
+
+fn add_lines(lines: &[&str], out: &mut Vec<String>, name: &str) -> Result<()> {
+    match locate(lines) {
         None => {
             if lines.iter().any(|l| l.starts_with("plugins:")) {
                 bail!(
-                    "config.yaml writes `plugins:` on one line, which recall does not edit: \
-                     add {name} to plugins.enabled by hand (or install with the `hermes` command on PATH)"
+                    "config.yaml writes `plugins:` on one line, which recall does not edit: {}",
+                    by_hand(name, Change::Add)
                 );
             }
             if out.last().is_some_and(|l| !l.trim().is_empty()) {
@@ -464,28 +569,26 @@ pub fn add_enabled(text: &str, name: &str) -> Result<String> {
                 };
                 out[at] = format!("{}enabled: [{list}]{comment}", &line[..indent(line)]);
             } else {
-                let items = block_items(&lines, at, end);
+                let items = block_items(lines, at, end);
                 let (after, pad) = match items.last() {
                     Some(&last) => (last, " ".repeat(indent(lines[last]))),
                     None => (at, " ".repeat(indent(line) + 2)),
                 };
                 if items.is_empty() && !value.is_empty() {
-                    // `enabled: null` or `enabled: ~`: the list replaces the value.
+                    // `enabled: null` or `enabled: ~`: the list replaces the
+                    // value (any other value fails the check after the edit).
                     out[at] = format!("{}enabled:{comment}", &line[..indent(line)]);
                 }
                 out.insert(after + 1, format!("{pad}- {name}"));
             }
         }
     }
-    Ok(join(&out, text))
+    Ok(())
 }
 
-/// `text` with `name` taken out of `plugins.enabled`.
-pub fn remove_enabled(text: &str, name: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    let Some((_, end, Some(at))) = locate(&lines) else {
-        return text.to_string();
+fn remove_lines(lines: &[&str], out: &mut Vec<String>, name: &str) {
+    let Some((_, end, Some(at))) = locate(lines) else {
+        return;
     };
     let line = lines[at];
     let key_end = indent(line) + "enabled:".len();
@@ -502,13 +605,12 @@ pub fn remove_enabled(text: &str, name: &str) -> String {
             &line[..indent(line)],
             kept.join(", ")
         );
-    } else if let Some(i) = block_items(&lines, at, end)
+    } else if let Some(i) = block_items(lines, at, end)
         .into_iter()
         .find(|&i| unquote(split_comment(&lines[i].trim_start()[2..]).0) == name)
     {
         out.remove(i);
     }
-    join(&out, text)
 }
 
 #[cfg(test)]
@@ -526,7 +628,7 @@ mod tests {
                 && added.contains("# keep me")
                 && added.contains("# first")
         );
-        assert_eq!(remove_enabled(&added, "recall"), USER);
+        assert_eq!(remove_enabled(&added, "recall").unwrap(), USER);
     }
 
     #[test]
@@ -535,7 +637,7 @@ mod tests {
         let added = add_enabled(flow, "recall").unwrap();
         assert_eq!(added, "plugins:\n  enabled: [a, 'b', recall]  # note\n");
         assert_eq!(enabled_plugins(&added), ["a", "b", "recall"]);
-        assert_eq!(remove_enabled(&added, "recall"), flow);
+        assert_eq!(remove_enabled(&added, "recall").unwrap(), flow);
 
         let empty = add_enabled("plugins:\n  enabled: []\n", "recall").unwrap();
         assert_eq!(enabled_plugins(&empty), ["recall"]);
@@ -566,13 +668,55 @@ mod tests {
 
     #[test]
     fn anchors_aliases_and_neighbouring_keys_are_left_alone() {
-        let text = "defaults: &defaults\n  timeout: 30\nplugins:\n  <<: *defaults\n  enabled: &mine\n    - a\n  entries:\n    a: {settings: {x: 1}}\nother: *mine\n";
+        let text = "defaults: &defaults\n  timeout: 30\nplugins:\n  <<: *defaults\n  enabled: &mine\n    - a\n  entries:\n    a: {settings: {x: 1}}\nother: *defaults\n";
         let added = add_enabled(text, "recall").unwrap();
         assert_eq!(
             added,
-            "defaults: &defaults\n  timeout: 30\nplugins:\n  <<: *defaults\n  enabled: &mine\n    - a\n    - recall\n  entries:\n    a: {settings: {x: 1}}\nother: *mine\n"
+            "defaults: &defaults\n  timeout: 30\nplugins:\n  <<: *defaults\n  enabled: &mine\n    - a\n    - recall\n  entries:\n    a: {settings: {x: 1}}\nother: *defaults\n"
         );
         assert_eq!(enabled_plugins(&added), ["a", "recall"]);
-        assert_eq!(remove_enabled(&added, "recall"), text);
+        assert_eq!(remove_enabled(&added, "recall").unwrap(), text);
+
+        // The list's anchor used elsewhere: adding to it would change that too.
+        let aliased = format!("{text}more: *mine\n");
+        let err = add_enabled(&aliased, "recall").unwrap_err().to_string();
+        assert!(err.contains("by hand"), "{err}");
+    }
+
+    #[test]
+    fn byte_order_mark_and_line_endings_are_kept() {
+        for text in [
+            "\u{feff}plugins:\n  enabled:\n    - a\n",
+            "plugins:\r\n  enabled:\r\n    - a   # mine\r\nother: 1\r\n",
+            "\u{feff}# top\r\nplugins:\r\n  enabled: [a]\r\n",
+        ] {
+            let added = add_enabled(text, "recall").unwrap();
+            assert_eq!(enabled_plugins(&added), ["a", "recall"], "{added:?}");
+            assert_eq!(added.starts_with(BOM), text.starts_with(BOM), "{added:?}");
+            let bare_lf = added.replace("\r\n", "").contains('\n');
+            assert_eq!(bare_lf, !text.contains('\r'), "{added:?}");
+            assert_eq!(added.matches("plugins:").count(), 1, "{added:?}");
+            assert_eq!(remove_enabled(&added, "recall").unwrap(), text);
+        }
+        let err = add_enabled("plugins:\r\n  enabled:\n  - a\n", "recall").unwrap_err();
+        assert!(err.to_string().contains("mixes CRLF and LF"), "{err}");
+    }
+
+    #[test]
+    fn yaml_the_line_edit_cannot_keep_is_refused() {
+        for text in [
+            "plugins:\n  enabled: [alpha,\n    beta]\n",
+            "plugins:\n  enabled:\n    - >-\n      long\n      name\n",
+            "plugins:\n  enabled: \"recallx\"\n",
+            "plugins:\n  enabled:\n    - a\n---\nplugins: {}\n",
+            "plugins:\n  enabled: [a\n",
+        ] {
+            let err = add_enabled(text, "recall").unwrap_err().to_string();
+            assert!(err.contains("by hand"), "{text:?}: {err}");
+            if text.contains("recallx") {
+                let err = remove_enabled(text, "recall").unwrap_err().to_string();
+                assert!(err.contains("not a list"), "{err}");
+            }
+        }
     }
 }

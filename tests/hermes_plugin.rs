@@ -196,6 +196,47 @@ fn config_yaml_is_never_exposed_destroyed_or_lost() {
     );
 }
 
+/// Without the `hermes` command, install's edit keeps a byte-order mark and
+/// CRLF line endings (uninstall gives back the same bytes, and Hermes reads
+/// the edited file), and refuses YAML it would not keep, touching nothing.
+#[test]
+fn config_yaml_edit_keeps_its_bytes_or_refuses() {
+    let no_hermes = ["--no-hermes-command", "--server", "http://127.0.0.1:9"];
+    let (_tmp, home) = history();
+    let config = home.join("config.yaml");
+    let windows = format!("\u{feff}{}", CONFIG.replace('\n', "\r\n"));
+    std::fs::write(&config, &windows).unwrap();
+    install(&home, &no_hermes);
+    let edited = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        edited.starts_with('\u{feff}') && edited.contains("  - other-plugin\r\n  - recall\r\n"),
+        "{edited:?}"
+    );
+    assert_eq!(
+        edited.replace("\r\n", "").matches('\n').count(),
+        0,
+        "{edited:?}"
+    );
+    assert_tool_answers(&hermes_sees(&home), "recall binary");
+    uninstall(&home);
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), windows);
+
+    let flow = "plugins:\n  enabled: [alpha,\n    beta]\n";
+    std::fs::write(&config, flow).unwrap();
+    let (ok, _, err) = recall_cli(&[
+        "hermes",
+        "install",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        minilm_dir().to_str().unwrap(),
+        "--no-hermes-command",
+    ]);
+    assert!(!ok && err.contains("plugins.enabled by hand"), "{err}");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), flow);
+    assert!(!home.join("config.yaml.recall-backup").exists());
+}
+
 #[test]
 fn install_with_the_hermes_command_and_a_running_server() {
     let (_tmp, home) = history();
