@@ -301,6 +301,7 @@ pub fn synthetic_vector_index(
                     dense: v,
                     sparse: None,
                 }],
+                skipped_bytes: 0,
             });
         }
         store.put_messages("bench", &namespace, &batch)?;

@@ -290,3 +290,70 @@ fn nan_vectors_are_never_returned_or_stored() {
         );
     }
 }
+
+/// One message of megabytes (Hermes does not cap them, a pasted log is one)
+/// is indexed up to `MAX_CHUNKS_PER_MESSAGE` chunks, named in a warning and
+/// counted by `recall stats`.
+#[test]
+fn a_huge_message_is_indexed_up_to_its_cap() {
+    use recall::index::chunk::MAX_CHUNKS_PER_MESSAGE;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    let home_arg = home.to_str().unwrap();
+    hermes_db(&["create", home_arg]);
+    let text: String = (0..100_000)
+        .map(|i| format!("line {i}: the build log repeats what it did. "))
+        .collect();
+    let file = tmp.path().join("log.txt");
+    std::fs::write(&file, &text).unwrap();
+    let huge = hermes_db(&[
+        "append-file",
+        home_arg,
+        "pasted-log",
+        "user",
+        file.to_str().unwrap(),
+    ])["id"]
+        .as_i64()
+        .unwrap();
+
+    let model = tiny_model_dir();
+    let (ok, _, err) = recall_cli(&[
+        "index",
+        "--hermes-home",
+        home_arg,
+        "--model",
+        model.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_contains(
+        &err,
+        &[
+            &format!("1 messages are longer than {MAX_CHUNKS_PER_MESSAGE} chunks"),
+            &format!("ids {huge}"),
+        ],
+    );
+    let store = assert_index_consistent(&home);
+    let chunks_of = |id: i64| -> i64 {
+        store
+            .conn()
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE message_id = ?",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(chunks_of(huge), MAX_CHUNKS_PER_MESSAGE as i64);
+    let counts = store.counts().unwrap();
+    assert_eq!(counts.capped_messages, 1);
+    assert!(
+        counts.skipped_bytes > text.len() as i64 / 2,
+        "{}",
+        counts.skipped_bytes
+    );
+    drop(store);
+
+    let (ok, out, err) = recall_cli(&["stats", "--hermes-home", home_arg]);
+    assert!(ok, "{err}");
+    assert!(out.contains("cut short:        1 messages"), "{out}");
+}

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use recall::index::chunk::{ChunkParams, chunk};
+use recall::index::chunk::{ChunkParams, MAX_CHUNKS_PER_MESSAGE, chunk};
 use recall_engine::tokenize::TextTokenizer;
 
 #[test]
@@ -19,6 +19,8 @@ fn long_text_becomes_overlapping_windows_that_fit() {
     };
     params.check(&tokenizer).unwrap();
     let chunks = chunk(&text, params, &tokenizer).unwrap();
+    assert_eq!(chunks.skipped_bytes, 0);
+    let chunks = chunks.pieces;
     assert!(chunks.len() > 5, "{} chunks", chunks.len());
     for c in &chunks {
         assert!(
@@ -43,9 +45,18 @@ fn long_text_becomes_overlapping_windows_that_fit() {
     }
     // A message that fits stays whole.
     assert_eq!(
-        chunk(sentence, params, &tokenizer).unwrap(),
+        chunk(sentence, params, &tokenizer).unwrap().pieces,
         vec![sentence.to_string()]
     );
+    // A message far longer than its share stops at it; the rest is counted.
+    let numbered: String = (0..5_000)
+        .map(|i| format!("step {i}: {sentence}"))
+        .collect();
+    let capped = chunk(&numbered, params, &tokenizer).unwrap();
+    assert_eq!(capped.pieces.len(), MAX_CHUNKS_PER_MESSAGE);
+    let last = capped.pieces.last().unwrap();
+    let end = numbered.find(last.as_str()).unwrap() + last.len();
+    assert_eq!(capped.skipped_bytes, numbered.len() - end);
     // Parameters that leave no room are refused.
     assert!(
         ChunkParams {

@@ -45,6 +45,7 @@ fn message(id: i64, v: Vec<f32>) -> MessageRow {
             dense: v,
             sparse: None,
         }],
+        skipped_bytes: 0,
     }
 }
 

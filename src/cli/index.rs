@@ -290,6 +290,21 @@ pub fn index_with(
                 report.truncated_chunks
             );
         }
+        if report.capped_messages > 0 {
+            eprintln!(
+                "warning: {} messages are longer than {} chunks of {} tokens; only that much of each \
+                 was indexed (ids {}; `recall stats` counts them)",
+                report.capped_messages,
+                index::chunk::MAX_CHUNKS_PER_MESSAGE,
+                options.chunk.window,
+                report
+                    .capped_ids
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         if report.repaired_messages > 0 {
             eprintln!(
                 "warning: {} messages in Hermes's database held bytes that are not UTF-8 text or a \
@@ -375,6 +390,8 @@ fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
         "vectors": counts.vectors,
         "tokens_embedded": counts.tokens_embedded,
         "cached_embeddings": counts.cached_embeddings,
+        "capped_messages": counts.capped_messages,
+        "skipped_bytes": counts.skipped_bytes,
         "size_bytes": size,
         "identity": identity,
         "last_indexed_at": last,
@@ -397,6 +414,14 @@ fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
             "{:<17} {}",
             format!("{}:", key.replace('_', " ")),
             stats[key]
+        );
+    }
+    if counts.capped_messages > 0 {
+        println!(
+            "cut short:        {} messages over {} chunks ({:.1} MB of their text not indexed)",
+            counts.capped_messages,
+            index::chunk::MAX_CHUNKS_PER_MESSAGE,
+            counts.skipped_bytes as f64 / 1e6
         );
     }
     println!("size:             {:.1} MB", size as f64 / 1e6);

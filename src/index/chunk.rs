@@ -46,12 +46,49 @@ impl ChunkParams {
     }
 }
 
-/// The chunks of `text`, in order.
-pub fn chunk(text: &str, params: ChunkParams, tokenizer: &TextTokenizer) -> Result<Vec<String>> {
+/// Most chunks one message gives: Hermes does not cap a message's size, and
+/// one pasted log or file of megabytes would otherwise cost more to embed
+/// than the rest of a history. The rest of such a message is left out, and
+/// counted (`recall stats`).
+pub const MAX_CHUNKS_PER_MESSAGE: usize = 64;
+
+/// Bytes of a message read per token of its chunks at most, so that the
+/// tokenizer never reads megabytes to find the first chunks.
+const HEAD_BYTES_PER_TOKEN: usize = 32;
+
+/// A message's chunks, in order, and the bytes at its end they leave out.
+#[derive(Debug, PartialEq)]
+pub struct Chunks {
+    pub pieces: Vec<String>,
+    pub skipped_bytes: usize,
+}
+
+impl Chunks {
+    /// `pieces`, which end at byte `end` of `text`.
+    fn of(text: &str, pieces: Vec<String>, end: usize) -> Self {
+        Self {
+            pieces,
+            skipped_bytes: text.len() - end,
+        }
+    }
+}
+
+/// The part of `text` that `MAX_CHUNKS_PER_MESSAGE` windows can reach.
+fn head(text: &str, params: ChunkParams) -> &str {
+    let bytes = MAX_CHUNKS_PER_MESSAGE
+        .saturating_mul(params.window)
+        .saturating_mul(HEAD_BYTES_PER_TOKEN);
+    &text[..floor_boundary(text, bytes)]
+}
+
+/// The chunks of `text`, in order: at most `MAX_CHUNKS_PER_MESSAGE`.
+pub fn chunk(text: &str, params: ChunkParams, tokenizer: &TextTokenizer) -> Result<Chunks> {
+    let whole = text;
+    let text = head(whole, params);
     let spans = tokenizer.spans(text)?;
     let content = params.window - tokenizer.added_tokens();
     if spans.len() <= content {
-        return Ok(vec![text.to_string()]);
+        return Ok(Chunks::of(whole, vec![text.to_string()], text.len()));
     }
     let mut chunks = Vec::new();
     let mut first = 0;
@@ -60,22 +97,26 @@ pub fn chunk(text: &str, params: ChunkParams, tokenizer: &TextTokenizer) -> Resu
         let start = floor_boundary(text, spans[first].0);
         // A piece of text can tokenise into more tokens than its span held
         // (a word cut in two, a prefix marker): shrink until it fits whole.
-        let piece = loop {
-            let piece = &text[start..ceil_boundary(text, spans[last].1)];
+        let (piece, end) = loop {
+            let end = ceil_boundary(text, spans[last].1);
+            let piece = &text[start..end];
             let excess = tokenizer.count(piece)?.saturating_sub(params.window);
             if excess == 0 || last == first {
-                break piece;
+                break (piece, end);
             }
             last = last.saturating_sub(excess).max(first);
         };
         chunks.push(piece.to_string());
         if last + 1 >= spans.len() {
-            break;
+            // The head's last token: the head may end inside a word.
+            return Ok(Chunks::of(whole, chunks, text.len()));
+        }
+        if chunks.len() == MAX_CHUNKS_PER_MESSAGE {
+            return Ok(Chunks::of(whole, chunks, end));
         }
         // Step from where this window really ended, keeping the overlap.
         first = (last + 1).saturating_sub(params.overlap).max(first + 1);
     }
-    Ok(chunks)
 }
 
 fn floor_boundary(text: &str, mut i: usize) -> usize {
@@ -120,7 +161,7 @@ impl Chunker<'_> {
         }
     }
 
-    pub fn chunk(&self, text: &str, params: ChunkParams) -> Result<Vec<String>> {
+    pub fn chunk(&self, text: &str, params: ChunkParams) -> Result<Chunks> {
         match self {
             Chunker::Tokens(t) => chunk(text, params, t),
             Chunker::Estimate => Ok(chunk_estimated(text, params)),
@@ -129,8 +170,11 @@ impl Chunker<'_> {
 }
 
 /// Windows of at most `params.window` estimated tokens (two for the
-/// special tokens), cut after whitespace where the window's last quarter has some.
-fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
+/// special tokens), cut after whitespace where the window's last quarter has
+/// some; at most `MAX_CHUNKS_PER_MESSAGE`.
+fn chunk_estimated(text: &str, params: ChunkParams) -> Chunks {
+    let whole = text;
+    let text = head(whole, params);
     // Costs in thirds of a token: CJK 3, other visible characters 1.
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let cost = |c: char| -> usize {
@@ -145,7 +189,7 @@ fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
     let budget = params.window.saturating_sub(2).max(1) * 3;
     let total: usize = chars.iter().map(|&(_, c)| cost(c)).sum();
     if total <= budget {
-        return vec![text.to_string()];
+        return Chunks::of(whole, vec![text.to_string()], text.len());
     }
     let mut chunks = Vec::new();
     let mut first = 0;
@@ -169,7 +213,10 @@ fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
         let to = chars.get(end).map_or(text.len(), |c| c.0);
         chunks.push(text[from..to].to_string());
         if end >= chars.len() {
-            break;
+            return Chunks::of(whole, chunks, text.len());
+        }
+        if chunks.len() == MAX_CHUNKS_PER_MESSAGE {
+            return Chunks::of(whole, chunks, to);
         }
         // Step back by the overlap.
         let mut back = end;
@@ -180,7 +227,7 @@ fn chunk_estimated(text: &str, params: ChunkParams) -> Vec<String> {
         }
         first = back.max(first + 1);
     }
-    chunks
+    Chunks::of(whole, chunks, text.len())
 }
 
 #[cfg(test)]
@@ -196,6 +243,8 @@ mod tests {
         let text = "The disk on the build server filled up again. ".repeat(20)
             + &"磁盘空间不足".repeat(30);
         let chunks = chunk_estimated(&text, params);
+        assert_eq!(chunks.skipped_bytes, 0);
+        let chunks = chunks.pieces;
         assert!(chunks.len() > 3);
         for c in &chunks {
             assert!(
@@ -217,6 +266,27 @@ mod tests {
                 .collect();
             assert!(w[1].contains(tail.trim()), "{:?} / {:?}", w[0], w[1]);
         }
-        assert_eq!(chunk_estimated("short", params), vec!["short".to_string()]);
+        assert_eq!(chunk_estimated("short", params).pieces, ["short"]);
+    }
+
+    #[test]
+    fn a_message_gives_at_most_its_share_of_chunks() {
+        let params = ChunkParams {
+            window: 40,
+            overlap: 8,
+        };
+        let line = |i: usize| format!("Line {i} of the build log says the disk filled up. ");
+        let text: String = (0..2_000).map(line).collect();
+        let chunks = chunk_estimated(&text, params);
+        assert_eq!(chunks.pieces.len(), MAX_CHUNKS_PER_MESSAGE);
+        let covered = text.find(chunks.pieces.last().unwrap().as_str()).unwrap()
+            + chunks.pieces.last().unwrap().len();
+        assert!(covered < text.len());
+        assert_eq!(chunks.skipped_bytes, text.len() - covered);
+        // Megabytes of it: only the head is read, and the rest counted.
+        let huge: String = (0..200_000).map(line).collect();
+        let chunks = chunk_estimated(&huge, params);
+        assert_eq!(chunks.pieces.len(), MAX_CHUNKS_PER_MESSAGE);
+        assert!(chunks.skipped_bytes > huge.len() - head(&huge, params).len());
     }
 }

@@ -74,6 +74,10 @@ pub struct Report {
     /// time 0), never stopping the run. The first ten ids.
     pub repaired_messages: usize,
     pub repaired_ids: Vec<i64>,
+    /// Messages longer than `chunk::MAX_CHUNKS_PER_MESSAGE` chunks, indexed
+    /// up to there (the rest counted in the index): the first ten ids.
+    pub capped_messages: usize,
+    pub capped_ids: Vec<i64>,
 }
 
 /// Progress as work is done: (messages done, messages to do, chunks done, tokens done).

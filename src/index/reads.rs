@@ -39,6 +39,10 @@ pub struct Counts {
     pub vectors: i64,
     pub tokens_embedded: i64,
     pub cached_embeddings: i64,
+    /// Messages indexed only up to `chunk::MAX_CHUNKS_PER_MESSAGE` chunks.
+    pub capped_messages: i64,
+    /// The bytes of those messages left out.
+    pub skipped_bytes: i64,
 }
 
 impl Store {
@@ -296,6 +300,8 @@ impl Store {
             },
             tokens_embedded: count("SELECT COALESCE(SUM(tokens), 0) FROM chunks")?,
             cached_embeddings: count("SELECT COUNT(*) FROM embed_cache")?,
+            capped_messages: count("SELECT COUNT(*) FROM capped_messages")?,
+            skipped_bytes: count("SELECT COALESCE(SUM(skipped_bytes), 0) FROM capped_messages")?,
         })
     }
 }

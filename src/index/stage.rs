@@ -25,6 +25,8 @@ pub(super) struct Pending {
     message: Message,
     fingerprint: String,
     chunks: Vec<PendingChunk>,
+    /// Bytes at the message's end past its last chunk (`MAX_CHUNKS_PER_MESSAGE`).
+    skipped_bytes: usize,
 }
 
 struct PendingChunk {
@@ -77,9 +79,9 @@ impl Stage<'_> {
         let mut pending: Vec<Pending> = wave
             .into_par_iter()
             .map(|(message, fingerprint)| -> Result<Pending> {
-                let chunks = self
-                    .chunker
-                    .chunk(&message.text, params)?
+                let cut = self.chunker.chunk(&message.text, params)?;
+                let chunks = cut
+                    .pieces
                     .into_iter()
                     .map(|text| {
                         let tokens = match self.chunker {
@@ -102,6 +104,7 @@ impl Stage<'_> {
                     message,
                     fingerprint,
                     chunks,
+                    skipped_bytes: cut.skipped_bytes,
                 })
             })
             .collect::<Result<_>>()?;
@@ -195,6 +198,12 @@ impl Stage<'_> {
                 chunks.push(row);
             }
             let dense_only = self.sparse && chunks.iter().any(|c| c.sparse.is_none());
+            if p.skipped_bytes > 0 {
+                report.capped_messages += 1;
+                if report.capped_ids.len() < 10 {
+                    report.capped_ids.push(p.message.id);
+                }
+            }
             rows.push(MessageRow {
                 id: p.message.id,
                 session_id: p.message.session_id,
@@ -206,6 +215,7 @@ impl Stage<'_> {
                     p.fingerprint
                 },
                 chunks,
+                skipped_bytes: p.skipped_bytes,
             });
         }
         report.embedded_messages += rows.len();
@@ -313,6 +323,7 @@ mod tests {
                     cached: None,
                 })
                 .collect(),
+            skipped_bytes: 0,
         }
     }
 

@@ -73,6 +73,8 @@ pub struct MessageRow {
     pub timestamp: f64,
     pub fingerprint: String,
     pub chunks: Vec<ChunkRow>,
+    /// Bytes of the message's text past its last chunk, left out.
+    pub skipped_bytes: usize,
 }
 
 pub struct Store {
@@ -172,6 +174,9 @@ INSERT OR IGNORE INTO meta (key, value) VALUES ('codes_epoch', '0');
 CREATE TABLE IF NOT EXISTS session_titles (
     profile TEXT NOT NULL, session_id TEXT NOT NULL, title TEXT NOT NULL, dense BLOB NOT NULL,
     PRIMARY KEY (profile, session_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS capped_messages (
+    profile TEXT NOT NULL, id INTEGER NOT NULL, skipped_bytes INTEGER NOT NULL,
+    PRIMARY KEY (profile, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS embed_cache (key BLOB PRIMARY KEY, dense BLOB NOT NULL, sparse BLOB) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
     INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
@@ -480,7 +485,8 @@ impl Store {
         tx.execute_batch(
             "DROP TRIGGER IF EXISTS chunks_ad; DROP TABLE IF EXISTS chunks_vec;
              DELETE FROM chunks; DELETE FROM chunk_sparse; DELETE FROM chunk_codes;
-             DELETE FROM messages; DELETE FROM sessions; DELETE FROM session_titles;
+             DELETE FROM messages; DELETE FROM capped_messages;
+             DELETE FROM sessions; DELETE FROM session_titles;
              UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'codes_epoch';
              INSERT INTO chunks_fts (chunks_fts) VALUES ('delete-all');
              INSERT INTO chunks_words (chunks_words) VALUES ('delete-all');",
@@ -601,6 +607,10 @@ impl Store {
                 "DELETE FROM messages WHERE profile = ? AND id = ?",
                 params![profile, id],
             )?;
+            tx.execute(
+                "DELETE FROM capped_messages WHERE profile = ? AND id = ?",
+                params![profile, id],
+            )?;
         }
         tx.commit()?;
         Ok(())
@@ -636,8 +646,17 @@ impl Store {
                 "INSERT OR REPLACE INTO messages (profile, id, session_id, role, timestamp, fingerprint)
                  VALUES (?, ?, ?, ?, ?, ?)",
             )?;
+            let mut uncap =
+                tx.prepare_cached("DELETE FROM capped_messages WHERE profile = ? AND id = ?")?;
+            let mut cap = tx.prepare_cached(
+                "INSERT INTO capped_messages (profile, id, skipped_bytes) VALUES (?, ?, ?)",
+            )?;
             for m in messages {
                 del.execute(params![profile, m.id])?;
+                uncap.execute(params![profile, m.id])?;
+                if m.skipped_bytes > 0 {
+                    cap.execute(params![profile, m.id, m.skipped_bytes as i64])?;
+                }
                 for (seq, c) in m.chunks.iter().enumerate() {
                     chunk.execute(params![
                         profile,

@@ -269,6 +269,10 @@ pub fn assert_index_consistent(home: &Path) -> recall::index::store::Store {
             "SELECT COUNT(*) FROM chunk_sparse s LEFT JOIN chunks c ON c.id = s.chunk_id WHERE c.id IS NULL",
             "sparse weights without their chunk",
         ),
+        (
+            "SELECT COUNT(*) FROM capped_messages k LEFT JOIN messages m ON m.profile = k.profile AND m.id = k.id WHERE m.id IS NULL",
+            "a message counted as cut short that is not indexed",
+        ),
     ] {
         assert_eq!(count(orphans), 0, "{what}");
     }

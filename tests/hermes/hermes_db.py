@@ -4,6 +4,7 @@ hermes_state.SessionDB), for recall's indexing tests. Prints JSON.
 
     hermes_db.py create HOME [--mode wal|delete]     a small realistic history
     hermes_db.py append HOME SESSION ROLE TEXT       one more message
+    hermes_db.py append-file HOME SESSION ROLE FILE  one more message, its text read from FILE (a large one)
     hermes_db.py replace HOME SESSION KEEP [EDIT]    /retry-style rewrite: keep the first KEEP messages,
                                                      the last of them with its text changed to EDIT
     hermes_db.py bulk HOME N [--mode wal|delete]     N messages over N/10 sessions
@@ -236,6 +237,8 @@ def main() -> None:
     cmd, home, rest = args[0], args[1], args[2:]
     if cmd == "create":
         out = create(home, mode)
+    elif cmd == "append-file":
+        out = append(home, rest[0], rest[1], Path(rest[2]).read_text(encoding="utf-8"))
     elif cmd == "append":
         out = append(home, *rest)
     elif cmd == "replace":
