@@ -14,7 +14,10 @@ then, at the same time:
     trickled, connections opened and left silent;
   - asks /health every 20 ms and records how long each answer took;
 then checks what a web page could send: another Host (DNS rebinding) is
-refused, and so is a POST that is not JSON; no CORS preflight is granted.
+refused, and so is a POST that is not JSON; no CORS preflight is granted;
+and two connection attacks: idle connections that open a chunked body and
+send nothing must not starve a POST beside them, and GETs with chunked bodies
+are refused unread.
 Then it checks and prints: the server never stopped (0 crashes), no answer
 was a 5xx other than 503 with Retry-After, /health's p50/p99/max, the
 server's peak RSS (VmHWM). Exits 1 when a check fails. Python standard
@@ -228,6 +231,34 @@ def web_page_checks(port):
     return failed
 
 
+def connection_attacks(port):
+    """Idle connections that open a chunked body (each once charged as the
+    largest body) beside a real POST; GETs carrying chunked bodies (once read
+    whole, counted as 1 KiB). Returns the checks that failed."""
+    failed = []
+    chunked = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    idle = []
+    for _ in range(16):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(chunked)
+        idle.append(s)
+    time.sleep(0.2)
+    status, _ = exchange(port, request("POST", "/v1/embeddings", b'{"input": "beside idle ones"}'), timeout=30)
+    if status != 200:
+        failed.append(f"a POST beside 16 idle chunked connections: {status}, not 200")
+    for s in idle:
+        s.close()
+    for _ in range(40):
+        raw = (b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+        status, _ = exchange(port, raw, timeout=30)
+        if status != 400:
+            failed.append(f"a GET with a chunked body: {status}, not 400")
+            break
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
@@ -267,7 +298,7 @@ def main():
         t.start()
     for t in workers:
         t.join()
-    web_failed = web_page_checks(port)
+    web_failed = web_page_checks(port) + connection_attacks(port)
     stop.set()
     for t in background:
         t.join()

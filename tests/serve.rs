@@ -793,7 +793,12 @@ fn peak_rss(pid: u32) -> u64 {
 
 /// A client that sends its headers, then its body (declared `length` bytes)
 /// a byte every 200 ms; the status it got back, if any.
-fn trickler(addr: &str, path: &str, length: usize) -> std::thread::JoinHandle<Option<u16>> {
+fn trickler(
+    addr: &str,
+    path: &str,
+    length: usize,
+    burst: usize,
+) -> std::thread::JoinHandle<Option<u16>> {
     use std::io::{Read, Write};
     let (addr, path) = (addr.to_string(), path.to_string());
     std::thread::spawn(move || {
@@ -801,6 +806,7 @@ fn trickler(addr: &str, path: &str, length: usize) -> std::thread::JoinHandle<Op
         tcp.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         write!(tcp, "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n").unwrap();
+        tcp.write_all(&vec![b' '; burst]).unwrap();
         let mut answer = Vec::new();
         for _ in 0..100 {
             if tcp.write_all(b" ").is_err() {
@@ -821,6 +827,69 @@ fn trickler(addr: &str, path: &str, length: usize) -> std::thread::JoinHandle<Op
     })
 }
 
+/// A raw HTTP/1.1 connection to `addr` that has sent `head`.
+fn raw(addr: &str, head: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.write_all(head.as_bytes()).unwrap();
+    tcp
+}
+
+/// What the server answers on `tcp` within 5 s ("" when it closes without a word).
+fn answer(tcp: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tcp.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Connections hold only what they send: idle ones that open a chunked body
+/// take none of the bytes-in-flight budget, so POSTs beside them are
+/// answered; a GET with a body is refused unread; and one address holds at
+/// most --max-connections-per-client connections.
+#[test]
+fn idle_and_bodied_connections_cannot_starve_the_server() {
+    let server = start(&["--max-connections-per-client", "8"]);
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let url = server.url("/v1/embeddings");
+    let chunked = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                   Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let idle: Vec<_> = (0..6).map(|_| raw(&addr, chunked)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let (status, body, _) = post(&url, &json!({"input": "a query beside idle connections"}));
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let mut get = raw(
+        &addr,
+        "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n",
+    );
+    let refused = answer(&mut get);
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    assert!(
+        refused.contains("only POST requests take a body"),
+        "{refused}"
+    );
+    drop(get);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Six idle and two more make eight: a ninth is answered 503 and closed.
+    let more: Vec<_> = (0..2).map(|_| raw(&addr, chunked)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut ninth = raw(&addr, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let refused = answer(&mut ninth);
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.contains("--max-connections-per-client"),
+        "{refused}"
+    );
+    drop((idle, more));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(post(&url, &json!({"input": "after they left"})).0, 200);
+}
+
 #[test]
 fn slow_and_large_clients_cannot_stall_the_server() {
     let server = start(&[
@@ -836,7 +905,7 @@ fn slow_and_large_clients_cannot_stall_the_server() {
     // Nine clients trickling their bodies, one more than the request slots.
     let started = Instant::now();
     let slow: Vec<_> = (0..9)
-        .map(|_| trickler(&addr, "/v1/embeddings", 1000))
+        .map(|_| trickler(&addr, "/v1/embeddings", 1000, 0))
         .collect();
     // One sending its headers a byte at a time.
     let headers = {
@@ -915,13 +984,14 @@ fn slow_and_large_clients_cannot_stall_the_server() {
     let peak = peak_rss(server.child.id());
     assert!(peak < 600 << 20, "peak RSS {} MiB", peak >> 20);
 
-    // The bytes in flight are bounded across requests: a 15 MB body being
-    // sent holds 15 MB of a 20 MB budget, so another is told to retry.
+    // The bytes in flight are bounded across requests: a 15 MB body, all
+    // but its last bytes sent, holds 15 MB of a 20 MB budget, so another of
+    // 15 MB is told to retry before it sends.
     drop(server);
     let server = start(&["--body-timeout", "2", "--max-inflight-bytes", "20000000"]);
     let addr = server.base.trim_start_matches("http://").to_string();
     let ollama = server.url("/api/embed");
-    let holder = trickler(&addr, "/api/embed", 15_000_000);
+    let holder = trickler(&addr, "/api/embed", 15_000_000, 14_999_900);
     std::thread::sleep(Duration::from_millis(300));
     let answer = {
         use std::io::{Read, Write};

@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// requests are answered 503 with Retry-After.
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_name = "BYTES")]
     max_inflight_bytes: usize,
+    /// Connections open at once from one address; more are answered 503 and
+    /// closed (every local client shares 127.0.0.1).
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    max_connections_per_client: usize,
     /// Seconds a client may take to send a request's headers before its connection is closed.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     header_timeout: u64,
@@ -145,6 +149,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         served_model_name,
         max_body_bytes: args.max_body_bytes,
         max_inflight_bytes: args.max_inflight_bytes,
+        max_connections_per_client: args.max_connections_per_client,
         header_timeout: std::time::Duration::from_secs(args.header_timeout.max(1)),
         body_timeout: std::time::Duration::from_secs(args.body_timeout.max(1)),
         max_items: args.max_items,

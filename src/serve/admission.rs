@@ -11,6 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use subtle::ConstantTimeEq;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::{ApiError, AppState, Dialect, Shared};
 
@@ -151,48 +152,36 @@ async fn admitted(
     path: &str,
 ) -> Result<Response, ApiError> {
     let max_body = state.config.max_body_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the request body is larger than this server's limit of {max_body} bytes (--max-body-bytes)"
-            ),
-        )
-    };
-    if path == "/health" {
-        return Ok(next.run(request).await);
-    }
-    let declared = request
-        .headers()
+    let headers = request.headers();
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > max_body) {
-        return Err(too_large());
+    let has_body =
+        declared.is_some_and(|n| n > 0) || headers.contains_key(header::TRANSFER_ENCODING);
+    // Every route that takes a body is a POST: any other request with one
+    // is refused unread (its connection is then closed).
+    if has_body && request.method() != axum::http::Method::POST {
+        return Err(ApiError::bad_request(format!(
+            "{} {path}: only POST requests take a body here, and this one has one",
+            request.method()
+        ))
+        .code("body_not_allowed"));
     }
-    // A body of unknown length (chunked) may be as large as allowed.
-    let has_body = !matches!(
-        *request.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD
-    );
-    let expected = declared.unwrap_or(if has_body { max_body } else { 0 });
-    let kib = expected.div_ceil(1024).max(1) as u32;
-    let _bytes = state
-        .inflight_kib
-        .clone()
-        .try_acquire_many_owned(kib)
-        .map_err(|_| {
-            ApiError::retry(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "too many request bytes in flight (limit {} bytes, --max-inflight-bytes): retry shortly",
-                    state.config.max_inflight_bytes
-                ),
-            )
-        })?;
+    if path == "/health" {
+        return Ok(next.run(request).await);
+    }
+    if declared.is_some_and(|n| n > max_body) {
+        return Err(too_large(max_body));
+    }
+    // A body that could not be held beside those in flight now is told to
+    // come back, before it is sent.
+    if declared.is_some_and(|n| kib(n) as usize > state.inflight_kib.available_permits()) {
+        return Err(no_budget(state));
+    }
     let (parts, body) = request.into_parts();
     let timeout = state.config.body_timeout;
-    let bytes = tokio::time::timeout(timeout, axum::body::to_bytes(body, max_body))
+    let (bytes, _budget) = tokio::time::timeout(timeout, read_body(state, body))
         .await
         .map_err(|_| {
             ApiError::new(
@@ -202,16 +191,7 @@ async fn admitted(
                     timeout.as_secs()
                 ),
             )
-        })?
-        .map_err(|e| {
-            if std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-            {
-                too_large()
-            } else {
-                ApiError::bad_request(format!("cannot read the request body: {e}"))
-            }
-        })?;
+        })??;
     let request = Request::from_parts(parts, axum::body::Body::from(bytes));
     let _slot = state.requests.clone().try_acquire_owned().map_err(|_| {
         ApiError::retry(
@@ -223,4 +203,67 @@ async fn admitted(
         )
     })?;
     Ok(next.run(request).await)
+}
+
+/// KiB, rounded up, as the bytes-in-flight budget counts.
+fn kib(bytes: usize) -> u32 {
+    bytes.div_ceil(1024).min(u32::MAX as usize) as u32
+}
+
+/// Reads `body` whole, taking from the bytes-in-flight budget what has
+/// arrived as it arrives: a client that declares a large body, or sends
+/// chunked headers and then nothing, holds nothing it has not sent. The
+/// budget taken is returned with the bytes, held until the answer is made.
+async fn read_body(
+    state: &AppState,
+    mut body: axum::body::Body,
+) -> Result<(axum::body::Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+    use http_body_util::BodyExt;
+    let max_body = state.config.max_body_bytes;
+    let mut read: Vec<u8> = Vec::new();
+    let mut budget: Option<OwnedSemaphorePermit> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if read.len() + data.len() > max_body {
+            return Err(too_large(max_body));
+        }
+        read.extend_from_slice(&data);
+        let held = budget.as_ref().map_or(0, |b| b.num_permits() as u32);
+        let more = kib(read.len()).saturating_sub(held);
+        if more > 0 {
+            let taken = state
+                .inflight_kib
+                .clone()
+                .try_acquire_many_owned(more)
+                .map_err(|_| no_budget(state))?;
+            match &mut budget {
+                Some(held) => held.merge(taken),
+                None => budget = Some(taken),
+            }
+        }
+    }
+    Ok((read.into(), budget))
+}
+
+fn too_large(max_body: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the request body is larger than this server's limit of {max_body} bytes (--max-body-bytes)"
+        ),
+    )
+}
+
+fn no_budget(state: &AppState) -> ApiError {
+    ApiError::retry(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "too many request bytes in flight (limit {} bytes, --max-inflight-bytes): retry shortly",
+            state.config.max_inflight_bytes
+        ),
+    )
 }

@@ -62,6 +62,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Request bodies held at once across requests, bytes; more get 503.
     pub max_inflight_bytes: usize,
+    /// Connections open at once from one address; more are answered 503 and closed.
+    pub max_connections_per_client: usize,
     /// Time a client may take to send a request's headers (then the connection is closed).
     pub header_timeout: Duration,
     /// Time a client may take to send a request's body (then 408).
@@ -93,9 +95,11 @@ impl ServeConfig {
             || self.max_concurrent_requests == 0
             || self.max_queue == 0
             || self.max_body_bytes == 0
+            || self.max_connections_per_client == 0
         {
             bail!(
-                "--max-items, --max-concurrent-requests, --max-queue and --max-body-bytes must be at least 1"
+                "--max-items, --max-concurrent-requests, --max-queue, --max-body-bytes and \
+                 --max-connections-per-client must be at least 1"
             );
         }
         if self.max_inflight_bytes < self.max_body_bytes {
@@ -207,7 +211,7 @@ pub async fn serve(
     );
     // Tests and scripts read the address from this line.
     println!("listening on http://{local}");
-    accept(listener, router(state.clone()), state.config.header_timeout).await;
+    accept(listener, router(state.clone()), &state.config).await;
     state.batcher.close();
     state.queries.close();
     Ok(())
@@ -215,19 +219,21 @@ pub async fn serve(
 
 /// Serves each connection of `listener` with `app` (HTTP/1.1) until SIGINT
 /// or SIGTERM, then waits for the requests in flight. A client that takes
-/// longer than `header_timeout` to send a request's headers is disconnected.
-async fn accept(listener: tokio::net::TcpListener, app: Router, header_timeout: Duration) {
+/// longer than `header_timeout` to send a request's headers is disconnected;
+/// one address holds at most `max_connections_per_client` connections.
+async fn accept(listener: tokio::net::TcpListener, app: Router, config: &ServeConfig) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower::ServiceExt;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(config.header_timeout);
+    let clients = Clients::new(config.max_connections_per_client);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = std::pin::pin!(shutdown_signal());
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 // Out of file descriptors and the like: pass, and take the next.
                 Err(e) => {
                     tracing::warn!("accept: {e}");
@@ -237,6 +243,10 @@ async fn accept(listener: tokio::net::TcpListener, app: Router, header_timeout: 
             },
             _ = &mut stop => break,
         };
+        let Some(client) = clients.admit(peer.ip()) else {
+            refuse_connection(&stream, peer.ip(), config.max_connections_per_client);
+            continue;
+        };
         // Replies go out at once: with Nagle's algorithm, a response written in two
         // parts waits for the client's delayed ACK (~40 ms on loopback).
         let _ = stream.set_nodelay(true);
@@ -245,12 +255,78 @@ async fn accept(listener: tokio::net::TcpListener, app: Router, header_timeout: 
         ));
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
+            let _client = client;
             if let Err(e) = connection.await {
                 tracing::debug!("connection: {e}");
             }
         });
     }
     graceful.shutdown().await;
+}
+
+/// Connections open per client address.
+#[derive(Clone)]
+struct Clients {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>>,
+    max: usize,
+}
+
+/// One open connection of a client, counted until dropped.
+struct Client {
+    clients: Clients,
+    ip: IpAddr,
+}
+
+impl Clients {
+    fn new(max: usize) -> Self {
+        Self {
+            open: Default::default(),
+            max,
+        }
+    }
+
+    /// A connection from `ip`, unless it has `max` open already.
+    fn admit(&self, ip: IpAddr) -> Option<Client> {
+        let ip = ip.to_canonical();
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Client {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Tells a client over its connection limit why, as far as the socket
+/// takes it without waiting, and closes the connection.
+fn refuse_connection(stream: &tokio::net::TcpStream, ip: IpAddr, max: usize) {
+    let body = serde_json::json!({"error": format!(
+        "too many connections from {ip} (limit {max}, --max-connections-per-client): retry shortly"
+    )})
+    .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(response.as_bytes());
+    tracing::debug!("refused a connection from {ip}: {max} open");
 }
 
 async fn shutdown_signal() {
