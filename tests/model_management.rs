@@ -37,10 +37,29 @@ struct Hub {
     log: Arc<Mutex<Vec<String>>>,
 }
 
+/// What a hostile mirror answers as a file's commit and ETag: names that
+/// would lead out of the cache if they became paths.
+#[derive(Clone, Copy, PartialEq)]
+enum Names {
+    Honest,
+    /// Honest the first time a file is asked about, then escaping.
+    EscapeWhenAskedAgain,
+    /// An escaping ETag from the start.
+    EscapingEtag,
+}
+
+/// From `blobs/` or `snapshots/` of a repository in the hub cache, this is
+/// the machine's root, beside the cache.
+const ESCAPE: &str = "../../../victim";
+
 impl Hub {
     /// Serves the tiny model. `corrupt`: files served with one byte flipped
     /// (but the true ETag). `interrupt`: (file, bytes) cut off once, after that many bytes.
     fn start(corrupt: &[&str], interrupt: Option<(&str, usize)>) -> Hub {
+        Self::start_naming(corrupt, interrupt, Names::Honest)
+    }
+
+    fn start_naming(corrupt: &[&str], interrupt: Option<(&str, usize)>, names: Names) -> Hub {
         let mut files = HashMap::new();
         for f in FILES {
             let mut body = std::fs::read(tiny_model_dir().join(f)).unwrap();
@@ -68,7 +87,7 @@ impl Hub {
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
                 let (files, log, interrupt) = (files.clone(), log2.clone(), interrupt.clone());
-                std::thread::spawn(move || serve(stream, &files, &log, &interrupt));
+                std::thread::spawn(move || serve(stream, &files, &log, &interrupt, names));
             }
         });
         Hub { url, log }
@@ -84,6 +103,7 @@ fn serve(
     files: &HashMap<String, Served>,
     log: &Mutex<Vec<String>>,
     interrupt: &Mutex<Option<(String, usize)>>,
+    names: Names,
 ) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut request = String::new();
@@ -120,17 +140,38 @@ fn serve(
     let size = served.body.len();
     let end = range_end.unwrap_or(size - 1).min(size - 1);
     let body = &served.body[range_start..=end];
-    let etag_header = if served.lfs {
-        format!(
-            "ETag: \"other\"\r\nX-Linked-Etag: \"{}\"\r\nX-Linked-Size: {size}\r\n",
-            served.etag
-        )
+    // Asked what the file is (hf-hub's metadata request is a 1-byte range).
+    let asked_before = range_end == Some(0)
+        && log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| **r == format!("{file} 0-0"))
+            .count()
+            > 1;
+    let escape = match names {
+        Names::Honest => false,
+        Names::EscapeWhenAskedAgain => asked_before,
+        Names::EscapingEtag => true,
+    };
+    let (commit, etag) = if escape {
+        (ESCAPE, ESCAPE)
     } else {
-        format!("ETag: \"{}\"\r\n", served.etag)
+        (COMMIT, served.etag.as_str())
+    };
+    let etag_header = if served.lfs {
+        format!("ETag: \"other\"\r\nX-Linked-Etag: \"{etag}\"\r\nX-Linked-Size: {size}\r\n")
+    } else {
+        format!("ETag: \"{etag}\"\r\n")
+    };
+    let commit = if names == Names::EscapingEtag {
+        COMMIT
+    } else {
+        commit
     };
     let head = format!(
         "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {range_start}-{end}/{size}\r\n\
-         X-Repo-Commit: {COMMIT}\r\n{etag_header}Connection: close\r\n\r\n",
+         X-Repo-Commit: {commit}\r\n{etag_header}Connection: close\r\n\r\n",
         body.len()
     );
     let _ = stream.write_all(head.as_bytes());
@@ -215,6 +256,36 @@ impl Machine {
 
 fn blob_of(link: &Path) -> PathBuf {
     std::fs::canonicalize(link).unwrap()
+}
+
+/// A mirror's names become paths in the cache only as first answered and
+/// checked: one that answers escaping names when asked again, or an ETag
+/// that is a path, writes nothing outside the cache.
+#[test]
+fn fetch_never_writes_where_a_mirror_points() {
+    for names in [Names::EscapeWhenAskedAgain, Names::EscapingEtag] {
+        let hub = Hub::start_naming(&[], None, names);
+        let m = Machine::new();
+        let (ok, _, err) = m.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
+        // Where the escaping names lead, from blobs/ or snapshots/.
+        for victim in ["victim", "victim.part"] {
+            assert!(!m.root.join(victim).exists(), "{victim} was written");
+        }
+        match names {
+            Names::EscapeWhenAskedAgain => {
+                assert!(ok, "{err}");
+                for f in FILES {
+                    let got = std::fs::read(m.snapshot().join(f)).unwrap();
+                    assert_eq!(got, std::fs::read(tiny_model_dir().join(f)).unwrap(), "{f}");
+                }
+            }
+            _ => {
+                assert!(!ok);
+                assert!(err.contains("no hash"), "{err}");
+                assert!(!m.hub_cache().join("models--BAAI--bge-m3/blobs").exists());
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,9 +1,12 @@
 //! Downloading a model from the Hugging Face hub (or a mirror) into the
 //! standard hub cache, so that Python tools and recall share one copy.
 //!
-//! `hf-hub` does the transfer (resuming a `.part` file left by an
-//! interrupted run); recall checks every large file against the SHA-256 the
-//! hub publishes as its LFS ETag, and records a manifest for `verify`.
+//! `hf-hub` asks the hub what each file is (commit, ETag, size); recall
+//! checks those names before any becomes a path, then transfers each file
+//! itself from that one answer (a mirror asked twice could answer a path the
+//! second time), resuming a `.part` file left by an interrupted run. Every
+//! large file is checked against the SHA-256 the hub publishes as its LFS
+//! ETag, and a manifest is recorded for `verify`.
 
 use std::path::{Path, PathBuf};
 
@@ -136,15 +139,32 @@ pub fn fetch(
         metas.push(meta);
     }
     let commit = metas[0].commit_hash().to_string();
-    // The commit names a directory of the cache: what a mirror answers is checked first.
+    // The commit and the ETags name paths in the cache: what a mirror
+    // answers is checked before any is used, and only this answer is used.
     check_revision(&commit)
         .with_context(|| format!("{} answered for {repo}@{revision}", options.endpoint))?;
-    let total: u64 = metas.iter().map(|m| m.size() as u64).sum();
-    let dir = options
+    for (file, meta) in files.iter().zip(&metas) {
+        if meta.commit_hash() != commit {
+            bail!(
+                "{} answered two commits for {repo}@{revision} ({commit}, and {} for {file}): try again",
+                options.endpoint,
+                meta.commit_hash()
+            );
+        }
+        if !is_blob_name(meta.etag()) {
+            bail!(
+                "{} answered an ETag for {file} that is no hash ({:?}): recall names the cached file by it, \
+                 so it refuses this mirror's answer",
+                options.endpoint,
+                meta.etag()
+            );
+        }
+    }
+    let repo_dir = options
         .hub_cache
-        .join(format!("models--{}", repo.replace('/', "--")))
-        .join("snapshots")
-        .join(&commit);
+        .join(format!("models--{}", repo.replace('/', "--")));
+    let total: u64 = metas.iter().map(|m| m.size() as u64).sum();
+    let dir = repo_dir.join("snapshots").join(&commit);
     say(&format!(
         "fetching {repo} at {commit} ({} files, {:.2} GB) into {}",
         files.len(),
@@ -160,10 +180,11 @@ pub fn fetch(
             cached
         } else {
             downloaded += meta.size() as u64;
-            handle
-                .download(file)
-                .map_err(|e| anyhow::anyhow!("{file}: {e}"))
-                .with_context(hint)?
+            let blob = repo_dir.join("blobs").join(meta.etag());
+            transfer(&handle.url(file), file, meta.size() as u64, &blob, options)
+                .with_context(hint)?;
+            link(&blob, &cached)?;
+            cached
         };
         let sha256 = sha256_file(&path)?;
         if is_sha256(meta.etag()) && sha256 != meta.etag() {
@@ -197,6 +218,149 @@ pub fn fetch(
         manifest,
         downloaded,
     })
+}
+
+/// An ETag that may name a blob: a git object id or a SHA-256, in hex.
+fn is_blob_name(etag: &str) -> bool {
+    matches!(etag.len(), 40 | 64) && etag.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Downloads `url` (`size` bytes) into `blob`, by way of `blob.part`, which
+/// a transfer cut off (in this run or an earlier one) resumes from.
+fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions) -> Result<()> {
+    use std::io::Write;
+    let dir = blob.parent().expect("a blob is in blobs/");
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let part = blob.with_extension("part");
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&part)
+        .with_context(|| format!("cannot write {}", part.display()))?;
+    if out.metadata()?.len() > size {
+        out.set_len(0)?;
+    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(std::time::Duration::from_secs(30)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let bar = options.progress.then(|| {
+        let bar = indicatif::ProgressBar::new(size).with_message(file.to_string());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar
+    });
+    let mut attempt = 0;
+    // A 4xx answer: trying again would get the same.
+    let mut refused = None;
+    loop {
+        let from = out.metadata()?.len();
+        if from == size {
+            break;
+        }
+        if let Some(bar) = &bar {
+            bar.set_position(from);
+        }
+        let result = (|| -> Result<()> {
+            let mut request = agent
+                .get(url)
+                .header("Range", format!("bytes={from}-"))
+                .header("User-Agent", concat!("recall/", env!("CARGO_PKG_VERSION")));
+            if let Some(token) = &options.token {
+                request = request.header("Authorization", format!("Bearer {token}"));
+            }
+            let response = request.call().map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+            let status = response.status().as_u16();
+            if (400..500).contains(&status) {
+                refused = Some(status);
+                bail!("{file}: the server answered HTTP {status}");
+            }
+            if status >= 300 {
+                bail!("{file}: the server answered HTTP {status}");
+            }
+            // A server that ignores the range sends the whole file again.
+            if status != 206 && from > 0 {
+                out.set_len(0)?;
+            }
+            let mut body = response.into_body().into_reader();
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = std::io::Read::read(&mut body, &mut buf)
+                    .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+                if n == 0 {
+                    break;
+                }
+                if out.metadata()?.len() + n as u64 > size {
+                    bail!("{file}: the server sent more than the {size} bytes it announced");
+                }
+                out.write_all(&buf[..n])?;
+                if let Some(bar) = &bar {
+                    bar.inc(n as u64);
+                }
+            }
+            Ok(())
+        })();
+        if out.metadata()?.len() == size {
+            break;
+        }
+        attempt += 1;
+        let why = result
+            .err()
+            .map_or("the transfer ended early".to_string(), |e| e.to_string());
+        if refused.is_some() {
+            bail!("{why}");
+        }
+        if attempt > options.retries {
+            bail!("{file}: {why} ({attempt} tries; the next run resumes it)");
+        }
+        tracing::debug!("{file}: {why}; resuming");
+        std::thread::sleep(std::time::Duration::from_millis(300 * attempt as u64));
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    out.sync_all()?;
+    std::fs::rename(&part, blob)
+        .with_context(|| format!("cannot move {} to {}", part.display(), blob.display()))
+}
+
+/// Puts `blob` at `snapshot` (its path in a snapshot directory) as the hub
+/// cache does: a relative symbolic link, or the file itself where links
+/// cannot be made.
+fn link(blob: &Path, snapshot: &Path) -> Result<()> {
+    let dir = snapshot
+        .parent()
+        .expect("a snapshot file is in its directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let _ = std::fs::remove_file(snapshot);
+    #[cfg(unix)]
+    {
+        // snapshots/<commit>/<path> → ../../blobs/<etag>, one more `..` per folder in <path>.
+        let repo_dir = blob
+            .parent()
+            .and_then(Path::parent)
+            .expect("blobs/ is in the repository's folder");
+        let depth = snapshot
+            .strip_prefix(repo_dir)
+            .map_or(2, |p| p.components().count() - 1);
+        let mut target = PathBuf::new();
+        for _ in 0..depth {
+            target.push("..");
+        }
+        target.push("blobs");
+        target.push(blob.file_name().expect("a blob has a name"));
+        if std::os::unix::fs::symlink(&target, snapshot).is_ok() {
+            return Ok(());
+        }
+    }
+    std::fs::rename(blob, snapshot)
+        .with_context(|| format!("cannot move {} to {}", blob.display(), snapshot.display()))
 }
 
 /// Removes a snapshot file and the blob it points to.
