@@ -245,17 +245,7 @@ fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions)
         .http_status_as_error(false)
         .build()
         .into();
-    let bar = options.progress.then(|| {
-        let bar = indicatif::ProgressBar::new(size).with_message(file.to_string());
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        bar
-    });
+    let bar = options.progress.then(|| progress_bar(file, size));
     let mut attempt = 0;
     // A 4xx answer: trying again would get the same.
     let mut refused = None;
@@ -330,6 +320,19 @@ fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions)
         .with_context(|| format!("cannot move {} to {}", part.display(), blob.display()))
 }
 
+/// A transfer's bar on standard error: speed and time left.
+fn progress_bar(file: &str, size: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(size).with_message(file.to_string());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
 /// Puts `blob` at `snapshot` (its path in a snapshot directory) as the hub
 /// cache does: a relative symbolic link, or the file itself where links
 /// cannot be made.
@@ -399,4 +402,16 @@ pub fn offline_message(hub_cache: &Path) -> String {
          Or pass --model DIR for a model directory you already have.",
         hub_cache.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_bar() {
+        assert!(is_blob_name(&"a".repeat(64)) && is_blob_name(&"0".repeat(40)));
+        assert!(!is_blob_name("../../victim") && !is_blob_name(&"g".repeat(64)));
+        progress_bar("config.json", 10).finish_and_clear();
+    }
 }
