@@ -420,6 +420,25 @@ fn defaults_are_the_best_on_dev() {
         Some(base.covered),
         "the coverage cut is the lowest that keeps dev's absent topics weak"
     );
+    // The similarity cut: a result with a passage that shares a word with
+    // the query and has come this share of the way from the index's typical
+    // similarity to 1 is not weak. Like the weak cut, one step above the
+    // lowest that keeps every absent topic of dev all weak: the sample's
+    // median moves a little with the history.
+    let lowest_similar = lowest_cut_keeping_absent_weak(
+        &ranker,
+        "similar from",
+        &[0.25, 0.3, 0.35, 0.4, 0.45, 0.5],
+        |cut| Ranking {
+            similar: cut,
+            ..base
+        },
+    );
+    assert_eq!(
+        lowest_similar.map(|c| c + 0.05),
+        Some(base.similar),
+        "the similarity cut is one step above the lowest that keeps dev's absent topics weak"
+    );
     let strong_absent = absent_with_strong_results(corpus, &answers);
     assert!(
         strong_absent.is_empty(),

@@ -201,6 +201,12 @@ pub fn search(
             },
             matches: s.passages.iter().map(|p| (p.cosine(), p.words)).collect(),
             coverage: s.passages.iter().map(|p| p.coverage).fold(0.0, f32::max),
+            covered_cosines: s
+                .passages
+                .iter()
+                .filter(|p| p.coverage > 0.0 && p.similarity.is_finite())
+                .map(|p| (p.coverage, p.similarity))
+                .collect(),
             session_words: s
                 .passages
                 .iter()

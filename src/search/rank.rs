@@ -12,9 +12,12 @@
 //!
 //! A result is not weak when the query matched it word for word, when one of
 //! its passages holds most of the weight of the query's words (IDF: the rare
-//! words count), or when its similarity stands out from this query's own
-//! spread of similarities over the index, never against an absolute cosine:
-//! models differ in where unrelated texts sit (MiniLM near 0, BGE-M3 near 0.4).
+//! words count), when one shares some of the query's words and is far more
+//! similar to it than the index's typical passage is, or when its
+//! similarity stands out from this query's own spread of similarities over
+//! the index. Similarity is always judged against the index's own, never
+//! against an absolute cosine: models differ in where unrelated texts sit
+//! (MiniLM near 0, BGE-M3 near 0.4).
 //!
 //! Every constant of `Ranking::default()` was chosen on the dev halves of the
 //! evaluations (the technical histories of `tests/hermes/eval/` and the
@@ -45,6 +48,14 @@ pub struct Ranking {
     /// A result is not weak when one of its passages holds at least this
     /// share of the IDF weight of the query's words.
     pub covered: f32,
+    /// Nor when one of its passages holds at least this share of it (a
+    /// word the question shares with its answer)...
+    pub shares_words: f32,
+    /// ...and its similarity has covered at least this share of the way from
+    /// the index's typical similarity to the query (the median) to 1: the
+    /// turn that answers a question rarely repeats most of its words, but it
+    /// shares one and means much the same.
+    pub similar: f32,
     /// Weight of the similarity of the session's title.
     pub title: f32,
     /// Reciprocal rank fusion's constant, over session ranks.
@@ -72,6 +83,8 @@ impl Default for Ranking {
             words_full_below: 1.5,
             words_none_above: 3.5,
             covered: 0.55,
+            shares_words: 0.05,
+            similar: 0.4,
             title: 0.3,
             rrf_k: 10.0,
             keyword: 1.0,
@@ -93,6 +106,9 @@ pub struct Evidence {
     pub matches: Vec<(f32, f32)>,
     /// The largest share of the query's word weight one of its passages holds.
     pub coverage: f32,
+    /// Each candidate passage's share of the query's word weight and its
+    /// cosine (both known), in any order.
+    pub covered_cosines: Vec<(f32, f32)>,
     /// Its BM25 over the query's words as one document, as a share of the
     /// query's best session (0 without them).
     pub session_words: f32,
@@ -122,6 +138,8 @@ pub struct Standing {
 #[derive(Debug, Clone, Copy)]
 pub struct Spread {
     pub std: f32,
+    /// The median: how similar a passage of the index typically is.
+    pub typical: f32,
 }
 
 /// Sessions whose passages are left out of the spread: they may be about
@@ -164,10 +182,14 @@ impl Spread {
         if rest.len() < MIN_SAMPLE {
             return None;
         }
-        let rest: Vec<f32> = rest.into_iter().map(|(_, s)| s).collect();
+        let mut rest: Vec<f32> = rest.into_iter().map(|(_, s)| s).collect();
         let mean = rest.iter().sum::<f32>() / rest.len() as f32;
         let var = rest.iter().map(|s| (s - mean) * (s - mean)).sum::<f32>() / rest.len() as f32;
-        Some(Spread { std: var.sqrt() })
+        rest.sort_by(f32::total_cmp);
+        Some(Spread {
+            std: var.sqrt(),
+            typical: rest[rest.len() / 2],
+        })
     }
 }
 
@@ -287,9 +309,17 @@ pub fn standings(
             if e.cron {
                 fused *= r.cron;
             }
+            let answers = spread.is_some_and(|s| {
+                e.covered_cosines.iter().any(|&(coverage, cosine)| {
+                    coverage >= r.shares_words
+                        && (cosine - s.typical) / (1.0 - s.typical).max(f32::MIN_POSITIVE)
+                            >= r.similar
+                })
+            });
             let weak = match (dense[i], crowd, spread) {
                 _ if e.keyword_match => false,
                 _ if e.coverage >= r.covered => false,
+                _ if answers => false,
                 (Some(d), Some(crowd), Some(spread)) => {
                     (d - crowd) / spread.std.max(f32::MIN_POSITIVE) < r.weak_below
                 }
@@ -352,7 +382,7 @@ mod tests {
 
     /// `standings` with the defaults, by reciprocal rank.
     fn rrf(evidence: &[Evidence], floor: f32, std: Option<f32>) -> Vec<Standing> {
-        let spread = std.map(|std| Spread { std });
+        let spread = std.map(|std| Spread { std, typical: 0.0 });
         standings(evidence, floor, spread, Fusion::Rrf, &Ranking::default())
     }
 
@@ -487,5 +517,34 @@ mod tests {
         evidence[7].coverage = Ranking::default().covered;
         let s = rrf(&evidence, 0.2, Some(0.05));
         assert!(!s[7].weak && s[6].weak && s[8].weak, "{s:?}");
+    }
+
+    #[test]
+    fn a_shared_word_and_a_similarity_far_above_the_typical_make_a_result_strong() {
+        let r = Ranking::default();
+        // Passages typically sit at 0.2; 0.2 + 0.8 × similar is the cut.
+        let spread = Some(Spread {
+            std: 0.05,
+            typical: 0.2,
+        });
+        let cut = 0.2 + 0.8 * r.similar;
+        let mut evidence: Vec<Evidence> = (0..20)
+            .map(|i| dense_only(0.3 - i as f32 * 0.001))
+            .collect();
+        // Shares a word, well above the typical similarity: strong.
+        evidence[3].covered_cosines = vec![(r.shares_words, cut + 0.01)];
+        // As similar, but no word shared: weak.
+        evidence[4].covered_cosines = vec![(0.0, cut + 0.01)];
+        // A word shared, but hardly more similar than usual: weak.
+        evidence[5].covered_cosines = vec![(0.5, cut - 0.01)];
+        let s = standings(&evidence, 0.2, spread, Fusion::Rrf, &r);
+        assert!(!s[3].weak && s[4].weak && s[5].weak, "{s:?}");
+        // Judged against the index's own typical similarity, not a cosine.
+        let higher = Some(Spread {
+            std: 0.05,
+            typical: 0.5,
+        });
+        let s = standings(&evidence, 0.2, higher, Fusion::Rrf, &r);
+        assert!(s[3].weak, "{s:?}");
     }
 }
