@@ -12,6 +12,19 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args = cli::parse();
+    // Output into a closed pipe (`recall search … | head -1`) ends the
+    // process quietly, as it ends grep: Rust ignores SIGPIPE, which makes
+    // every print after the reader has gone panic. A server or a watcher
+    // keeps ignoring it: its output is a log, not what a reader waits for,
+    // and its sockets never raise it (Rust sends with MSG_NOSIGNAL).
+    #[cfg(unix)]
+    if !args.long_running() {
+        // SAFETY: at start-up, before any other thread exists, setting a
+        // signal's disposition back to its default.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     cli::style::init(args.color);
     let filter = tracing_subscriber::EnvFilter::try_from_env("RECALL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.log_filter()));

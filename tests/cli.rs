@@ -413,3 +413,45 @@ fn dates_are_checked_and_documented_forms_accepted() {
     assert_eq!(code, 0);
     assert!(out.contains("no session matches"), "{out}");
 }
+
+/// Output into a pipe whose reader has gone (`recall search … | head -1`)
+/// ends the command quietly, as it ends grep: no panic, no error.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (_tmp, home) = indexed_home();
+    let home = home.to_str().unwrap();
+    let tiny = tiny_model_dir();
+    let tiny = tiny.to_str().unwrap();
+    for args in [
+        vec!["completions", "bash"],
+        vec!["man"],
+        vec!["embed", "--model", tiny, "the disk is full"],
+        vec!["stats", "--hermes-home", home],
+        vec![
+            "search",
+            "disk space",
+            "--hermes-home",
+            home,
+            "--model",
+            tiny,
+        ],
+        vec!["show", "20260302_090000_aa0002", "--hermes-home", home],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(stderr.trim().is_empty(), "{args:?}: {stderr}");
+    }
+}

@@ -73,6 +73,11 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// A server or a watcher: runs until stopped, its output a log.
+    pub fn long_running(&self) -> bool {
+        matches!(self.command, Command::Serve(_) | Command::Watch(_))
+    }
+
     /// The log filter that -q/-v ask for (RECALL_LOG, when set, wins).
     pub fn log_filter(&self) -> &'static str {
         match (self.quiet, self.verbose) {
