@@ -1023,3 +1023,62 @@ fn slow_and_large_clients_cannot_stall_the_server() {
     let (status, _, _) = post(&ollama, &big);
     assert_eq!(status, 200, "the budget is given back");
 }
+
+/// A model from the Hugging Face cache answers to its short name and its
+/// repository's id, announces both, lists them in /v1/models and
+/// /api/tags, and a request for another model is told which names it has.
+#[test]
+fn the_model_answers_to_its_names() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let snapshot = tmp
+        .path()
+        .join("models--sentence-transformers--all-MiniLM-L6-v2/snapshots/abc123");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for entry in std::fs::read_dir(minilm_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::os::unix::fs::symlink(entry.path(), snapshot.join(entry.file_name())).unwrap();
+    }
+    let mut server = Server::start(&snapshot, &[]);
+    let stderr = std::io::BufReader::new(server.child.stderr.take().unwrap());
+    let announced = stderr
+        .lines()
+        .map(Result::unwrap)
+        .find(|l| l.starts_with("recall serve:"))
+        .unwrap();
+    assert!(
+        announced
+            .contains(r#"as "all-MiniLM-L6-v2" (also sentence-transformers/all-MiniLM-L6-v2)"#),
+        "{announced}"
+    );
+    let models: Value = serde_json::from_str(&get(&server.url("/v1/models")).1).unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"]
+    );
+    let tags: Value = serde_json::from_str(&get(&server.url("/api/tags")).1).unwrap();
+    assert_eq!(
+        tags["models"][1]["name"],
+        "sentence-transformers/all-MiniLM-L6-v2:latest"
+    );
+    let url = server.url("/v1/embeddings");
+    for name in ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"] {
+        let (status, body, _) = post(&url, &json!({"input": "hello", "model": name}));
+        assert_eq!(status, 200, "{name}: {body}");
+    }
+    let (status, body, _) = post(&url, &json!({"input": "hello", "model": "bge-m3"}));
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("answers to all-MiniLM-L6-v2, sentence-transformers/all-MiniLM-L6-v2"),
+        "{body}"
+    );
+}

@@ -129,24 +129,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     } else {
         None
     };
-    let served_model_name = args.served_model_name.clone().unwrap_or_else(|| {
-        if embedder.info().sparse {
-            "bge-m3".into()
-        } else {
-            embedder
-                .info()
-                .dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "recall".into())
-        }
-    });
+    let mut model_aliases =
+        recall::serve::model_names(&embedder.info().dir, embedder.info().sparse);
+    let served_model_name = match args.served_model_name.clone() {
+        Some(name) => name,
+        None => model_aliases.remove(0),
+    };
     let config = ServeConfig {
         host: args.host,
         port: args.port,
         api_key: args.api_key,
         allowed_hosts: args.allow_host,
         served_model_name,
+        model_aliases,
         max_body_bytes: args.max_body_bytes,
         max_inflight_bytes: args.max_inflight_bytes,
         max_connections_per_client: args.max_connections_per_client,

@@ -30,11 +30,21 @@ impl Inputs {
 }
 
 impl AppState {
-    /// The names this model answers to.
+    /// The names this model answers to, the one it announces first.
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names = vec![self.config.served_model_name.clone()];
+        for alias in &self.config.model_aliases {
+            if !names.contains(alias) {
+                names.push(alias.clone());
+            }
+        }
+        names
+    }
+
+    /// Whether `name` (Ollama's `:latest` tag allowed) is one of `model_names`.
     pub fn answers_to(&self, name: &str) -> bool {
         let name = name.strip_suffix(":latest").unwrap_or(name);
-        name == self.config.served_model_name
-            || (self.embedder.info().sparse && (name == "bge-m3" || name == "BAAI/bge-m3"))
+        self.model_names().iter().any(|n| n == name)
     }
 
     /// Checks the requested model name (an absent one means this model).
@@ -43,8 +53,9 @@ impl AppState {
             Some(n) if !n.is_empty() && !self.answers_to(n) => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "model {n:?} not found: this server has {:?}",
-                    self.config.served_model_name
+                    "model {n:?} not found: this server has {:?}, which answers to {}",
+                    self.config.served_model_name,
+                    self.model_names().join(", ")
                 ),
             )
             .param("model")

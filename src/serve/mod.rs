@@ -56,8 +56,11 @@ pub struct ServeConfig {
     /// Host names, besides loopback ones and `host`, that requests to a
     /// server without an API key may name (a local proxy's).
     pub allowed_hosts: Vec<String>,
-    /// The name the model answers to, besides `bge-m3` and `BAAI/bge-m3` for a BGE-M3 model.
+    /// The name the model announces (`--served-model-name`, else its short name).
     pub served_model_name: String,
+    /// Other names it answers to: its repository's id, and `bge-m3` and
+    /// `BAAI/bge-m3` for a BGE-M3 model (`model_names`).
+    pub model_aliases: Vec<String>,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Request bodies held at once across requests, bytes; more get 503.
@@ -202,8 +205,13 @@ pub async fn serve(
         nudge,
     });
     let info = state.embedder.info();
+    let names = state.model_names();
+    let also = match &names[1..] {
+        [] => String::new(),
+        rest => format!(" (also {})", rest.join(", ")),
+    };
     eprintln!(
-        "recall serve: {} ({} dims, up to {} tokens per input) as {:?} on http://{local}",
+        "recall serve: {} ({} dims, up to {} tokens per input) as {:?}{also} on http://{local}",
         info.dir.display(),
         info.dense_dim,
         info.max_length,
@@ -351,7 +359,69 @@ async fn shutdown_signal() {
     eprintln!("recall serve: finishing the requests in flight");
 }
 
+/// The names a model directory answers to, short name first: a snapshot of
+/// the Hugging Face cache (`models--owner--name/snapshots/<revision>`) or a
+/// directory named `owner__name` answers to `name` and `owner/name`, any
+/// other directory to its own name; a BGE-M3 model (`bge_m3`) also to
+/// `bge-m3` and `BAAI/bge-m3`.
+pub fn model_names(dir: &std::path::Path, bge_m3: bool) -> Vec<String> {
+    let file_name =
+        |p: &std::path::Path| p.file_name().and_then(|n| n.to_str()).map(str::to_string);
+    let in_hub_cache = dir
+        .parent()
+        .filter(|p| file_name(p).as_deref() == Some("snapshots"))
+        .and_then(|p| p.parent())
+        .and_then(file_name)
+        .and_then(|n| n.strip_prefix("models--").map(|r| r.replacen("--", "/", 1)));
+    let repo = in_hub_cache.or_else(|| {
+        file_name(dir)?
+            .split_once("__")
+            .map(|(owner, name)| format!("{owner}/{name}"))
+    });
+    let mut names: Vec<String> = Vec::new();
+    if bge_m3 {
+        names.extend(["bge-m3".to_string(), "BAAI/bge-m3".to_string()]);
+    }
+    match repo {
+        Some(repo) => {
+            names.push(repo.rsplit('/').next().unwrap_or(&repo).to_string());
+            names.push(repo);
+        }
+        None => names.extend(file_name(dir)),
+    }
+    if names.is_empty() {
+        names.push("recall".into());
+    }
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
+}
+
 /// Nanoseconds, as Ollama reports durations.
 pub fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_model_is_named_by_its_repository_where_its_path_tells_it() {
+        let hub = Path::new("/c/hub/models--sentence-transformers--all-MiniLM-L6-v2/snapshots/abc");
+        assert_eq!(
+            model_names(hub, false),
+            ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"]
+        );
+        let flat = Path::new("/m/sentence-transformers__all-MiniLM-L6-v2");
+        assert_eq!(model_names(flat, false), model_names(hub, false));
+        assert_eq!(model_names(Path::new("/m/my-model"), false), ["my-model"]);
+        let bge = Path::new("/c/hub/models--BAAI--bge-m3/snapshots/5617a9f");
+        assert_eq!(model_names(bge, true), ["bge-m3", "BAAI/bge-m3"]);
+        assert_eq!(
+            model_names(Path::new("/m/bge-m3-random"), true),
+            ["bge-m3", "BAAI/bge-m3", "bge-m3-random"]
+        );
+    }
 }

@@ -123,10 +123,7 @@ async fn embeddings(State(state): State<Shared>, body: Bytes) -> Response {
 async fn tags(State(state): State<Shared>) -> Json<Value> {
     let info = state.embedder.info();
     let identity = &state.identity;
-    let mut names = vec![state.config.served_model_name.clone()];
-    if info.sparse && !names.contains(&"bge-m3".to_string()) {
-        names.push("bge-m3".into());
-    }
+    let names = state.model_names();
     let modified = std::fs::metadata(&info.weights)
         .and_then(|m| m.modified())
         .ok()

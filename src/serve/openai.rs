@@ -1,9 +1,10 @@
-//! OpenAI's `POST /v1/embeddings` (also `/embeddings`).
+//! OpenAI's `POST /v1/embeddings` (also `/embeddings`) and `GET /v1/models`
+//! (also `/models`).
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use serde::Deserialize;
@@ -16,6 +17,21 @@ pub fn routes() -> Router<Shared> {
     Router::new()
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+}
+
+/// Every name the model answers to, as OpenAI lists models.
+async fn models(State(state): State<Shared>) -> Json<Value> {
+    // When the server started, in Unix seconds.
+    let created =
+        (crate::index::unix_now() as u64).saturating_sub(state.started.elapsed().as_secs());
+    let data: Vec<Value> = state
+        .model_names()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": created, "owned_by": "recall"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 #[derive(Deserialize)]
