@@ -353,6 +353,73 @@ fn service_file_runs_serve_with_watch() {
     assert!(!unit.exists());
 }
 
+/// Where `systemctl --user` cannot reach a user bus (containers, WSL, some
+/// servers), install says the service did not start, why, and the command
+/// line that runs it in the background; `hermes status` says "installed,
+/// not running" and `doctor` warns.
+#[test]
+fn a_service_that_cannot_start_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let (tmp, home) = history();
+    let config_home = tmp.path().join("xdg");
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let systemctl = bin.join("systemctl");
+    std::fs::write(
+        &systemctl,
+        "#!/bin/sh\necho 'Failed to connect to bus: No medium found' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let model = minilm_dir();
+    let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
+    let recall = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+            .args(args)
+            .env("XDG_CONFIG_HOME", &config_home)
+            .env("PATH", &path)
+            .env(
+                "RECALL_CACHE_DIR",
+                std::env::temp_dir().join("recall-test-cache"),
+            )
+            .env_remove("RECALL_DTYPE")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = recall(&[
+        "hermes",
+        "install",
+        "--no-index",
+        "--no-hermes-command",
+        "--service",
+        "--hermes-home",
+        home_s,
+        "--model",
+        model_s,
+    ]);
+    assert!(
+        out.contains("not started: Failed to connect to bus: No medium found"),
+        "{out}"
+    );
+    assert!(
+        out.contains("nohup ") && out.contains(" serve --watch "),
+        "{out}"
+    );
+    assert!(!out.contains("(the service does)"), "{out}");
+    let status = recall(&["hermes", "status", "--hermes-home", home_s]);
+    assert!(
+        status.contains("service:  installed, not running: Failed to connect to bus"),
+        "{status}"
+    );
+    let doctor = recall(&["doctor", "--hermes-home", home_s, "--model", model_s]);
+    assert!(
+        doctor.contains("warn  service: installed") && doctor.contains("not running"),
+        "{doctor}"
+    );
+}
+
 /// What install was told about the engine (`--dtype q8`) reaches the
 /// plugin's fallback and the service: both then use the q8 index install
 /// built, instead of refusing it as another model.

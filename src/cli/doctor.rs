@@ -28,6 +28,7 @@ pub struct DoctorArgs {
 /// The checks, printed as they are made (text) or at the end (JSON).
 struct Report {
     problems: usize,
+    warnings: usize,
     json: bool,
     checks: Vec<serde_json::Value>,
 }
@@ -52,6 +53,7 @@ impl Report {
     }
 
     fn warn(&mut self, what: &str, detail: String, fix: &str) {
+        self.warnings += 1;
         self.add("warn", what, detail, Some(fix));
     }
 
@@ -64,6 +66,7 @@ impl Report {
 pub fn run(args: DoctorArgs) -> Result<()> {
     let mut r = Report {
         problems: 0,
+        warnings: 0,
         json: args.json,
         checks: Vec::new(),
     };
@@ -72,6 +75,7 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     check_model(&args, index.model_dir.clone(), &mut r);
     check_providers(&args, &index, &mut r);
     check_plugin(&args, &mut r);
+    check_service(&mut r);
     if r.json {
         println!(
             "{}",
@@ -82,7 +86,10 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         anyhow::bail!("{} problem(s) found", r.problems);
     }
     if !r.json {
-        println!("no problems found");
+        match r.warnings {
+            0 => println!("no problems found"),
+            n => println!("no problems found; {n} warning(s) above"),
+        }
     }
     Ok(())
 }
@@ -301,6 +308,26 @@ fn check_providers(args: &DoctorArgs, index: &IndexSeen, r: &mut Report) {
             }
         }
         Err(e) => r.fail("providers", format!("{e:#}"), "fix the configuration file"),
+    }
+}
+
+/// The background service, where one is installed: running?
+fn check_service(r: &mut Report) {
+    use super::hermes::{ServiceState, installed_service, service_state};
+    let Some(path) = installed_service() else {
+        return;
+    };
+    match service_state(&path) {
+        ServiceState::Running => r.ok("service", format!("running ({})", path.display())),
+        ServiceState::NotRunning(why) => r.warn(
+            "service",
+            format!(
+                "installed ({}) but not running: {why}; new messages are indexed after each turn only",
+                path.display()
+            ),
+            "run `recall hermes install --service` again for the command that starts it here",
+        ),
+        ServiceState::NotInstalled => {}
     }
 }
 

@@ -155,6 +155,7 @@ fn install(args: InstallArgs) -> Result<()> {
             println!("the previous config.yaml is kept as {}", backup.display());
         }
     }
+    let mut service_running = false;
     if args.service {
         // Without recall's own engine in the chain there is no model to
         // serve: the service then only indexes, through the chain.
@@ -164,7 +165,7 @@ fn install(args: InstallArgs) -> Result<()> {
                 .provider(name)
                 .is_ok_and(|p| p.kind == Some(recall::provider::Kind::Local))
         });
-        install_service(&settings, local)?;
+        service_running = install_service(&settings, local)?;
     }
     if !args.no_index {
         index_with(
@@ -180,10 +181,10 @@ fn install(args: InstallArgs) -> Result<()> {
     println!(
         "Hermes now has the semantic_session_search tool. For millisecond searches and \
          real-time indexing, keep `recall serve --watch` running{}.",
-        if args.service {
-            " (the service does)"
-        } else {
-            " (or install with --service)"
+        match (args.service, service_running) {
+            (true, true) => " (the service does)",
+            (true, false) => " (the service does once it runs: see above)",
+            (false, _) => " (or install with --service)",
         }
     );
     Ok(())
@@ -267,7 +268,18 @@ fn status(args: StatusArgs) -> Result<()> {
                 },
                 "index": {"path": index, "exists": lag.is_some(), "lag_messages": lag},
                 "watcher_running": watched,
-                "service": service.as_ref().map(|p| serde_json::json!({"path": p, "installed": p.is_file()})),
+                "service": service.as_ref().map(|p| {
+                    let state = service_state(p);
+                    serde_json::json!({
+                        "path": p,
+                        "installed": p.is_file(),
+                        "running": matches!(state, ServiceState::Running),
+                        "not_running_because": match state {
+                            ServiceState::NotRunning(why) => Some(why),
+                            _ => None,
+                        },
+                    })
+                }),
             })
         );
         return Ok(());
@@ -320,10 +332,11 @@ fn status(args: StatusArgs) -> Result<()> {
     if let Some(path) = service {
         println!(
             "service:  {}",
-            if path.is_file() {
-                format!("installed ({})", path.display())
-            } else {
-                "not installed".into()
+            match service_state(&path) {
+                ServiceState::NotInstalled => "not installed".into(),
+                ServiceState::Running => format!("installed and running ({})", path.display()),
+                ServiceState::NotRunning(why) =>
+                    format!("installed, not running: {why} ({})", path.display()),
             }
         );
     }
@@ -463,7 +476,10 @@ fn service_text(s: &PluginSettings, serve: bool, format: ServiceFormat) -> Strin
     }
 }
 
-fn install_service(settings: &PluginSettings, serve: bool) -> Result<()> {
+/// Writes the service file and starts it; whether it runs. Where the
+/// service manager cannot start it, says why and how to run the same
+/// command in the background instead.
+fn install_service(settings: &PluginSettings, serve: bool) -> Result<bool> {
     let Some(path) = service_path() else {
         bail!("cannot tell where the service file goes: HOME is not set");
     };
@@ -471,24 +487,97 @@ fn install_service(settings: &PluginSettings, serve: bool) -> Result<()> {
     std::fs::write(&path, service_text(settings, serve, ServiceFormat::here()))?;
     println!("wrote {}", path.display());
     let started = if cfg!(target_os = "macos") {
-        run_quietly("launchctl", &["load", "-w", &path.display().to_string()])
+        run_tool("launchctl", &["load", "-w", &path.display().to_string()])
     } else {
-        run_quietly("systemctl", &["--user", "daemon-reload"])
-            && run_quietly(
+        run_tool("systemctl", &["--user", "daemon-reload"]).and_then(|()| {
+            run_tool(
                 "systemctl",
                 &["--user", "enable", "--now", "recall-watch.service"],
             )
+        })
     };
-    if started {
-        println!("started the service");
-    } else if cfg!(target_os = "macos") {
-        println!("start it with: launchctl load -w {}", path.display());
+    let why = match started.and_then(|()| match service_state(&path) {
+        ServiceState::Running => Ok(()),
+        ServiceState::NotRunning(why) => Err(why),
+        ServiceState::NotInstalled => Err("its file is gone".into()),
+    }) {
+        Ok(()) => {
+            println!("started the service");
+            return Ok(true);
+        }
+        Err(why) => why,
+    };
+    let manager = if cfg!(target_os = "macos") {
+        format!("launchctl load -w {}", path.display())
     } else {
-        println!(
-            "start it with: systemctl --user daemon-reload && systemctl --user enable --now recall-watch.service"
-        );
+        "systemctl --user daemon-reload && systemctl --user enable --now recall-watch.service"
+            .into()
+    };
+    let log = settings.hermes_home.join("recall").join("serve.log");
+    let command: Vec<String> = service_command(settings, serve)
+        .iter()
+        .map(|a| shell_quote(a))
+        .collect();
+    println!("the service is installed but not started: {why}");
+    println!("  start it with: {manager}");
+    println!(
+        "  or, where no service manager runs (a container, WSL), in the background:\n  nohup {} >> {} 2>&1 &",
+        command.join(" "),
+        shell_quote(&log.display().to_string())
+    );
+    Ok(false)
+}
+
+/// Whether the service is installed and running, as its manager says.
+pub(super) enum ServiceState {
+    NotInstalled,
+    Running,
+    /// Installed, not running: why, in the manager's words.
+    NotRunning(String),
+}
+
+/// The state of the service whose file is `path`.
+pub(super) fn service_state(path: &std::path::Path) -> ServiceState {
+    if !path.is_file() {
+        return ServiceState::NotInstalled;
     }
-    Ok(())
+    let asked = if cfg!(target_os = "macos") {
+        run_tool("launchctl", &["list", "ai.recall.watch"])
+    } else {
+        run_tool(
+            "systemctl",
+            &["--user", "is-active", "--quiet", "recall-watch.service"],
+        )
+        .map_err(|why| {
+            if why.is_empty() || why.starts_with("exit status") {
+                "systemctl --user says it is not active".into()
+            } else {
+                why
+            }
+        })
+    };
+    match asked {
+        Ok(()) => ServiceState::Running,
+        Err(why) => ServiceState::NotRunning(why),
+    }
+}
+
+/// The path of the service file, for `doctor`.
+pub(super) fn installed_service() -> Option<PathBuf> {
+    service_path().filter(|p| p.is_file())
+}
+
+/// `arg` as one word of a POSIX shell command line.
+fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@,+".contains(&b))
+    {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
 }
 
 fn uninstall_service() -> Result<()> {
@@ -509,12 +598,30 @@ fn uninstall_service() -> Result<()> {
 }
 
 fn run_quietly(program: &str, args: &[&str]) -> bool {
-    find_on_path(program).is_some()
-        && std::process::Command::new(program)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .is_ok_and(|o| o.status.success())
+    run_tool(program, args).is_ok()
+}
+
+/// Runs `program`, its output captured; on failure, why: the last line it
+/// wrote, or its exit status, or that it is not on PATH.
+fn run_tool(program: &str, args: &[&str]) -> Result<(), String> {
+    if find_on_path(program).is_none() {
+        return Err(format!("{program} is not on PATH"));
+    }
+    let out = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    Err(said
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .map_or_else(|| out.status.to_string(), str::to_string))
 }
 
 #[cfg(test)]
