@@ -349,8 +349,15 @@ fn service_file_runs_serve_with_watch() {
     );
     assert!(text.contains("\"--model\" "), "{text}");
     assert!(out.contains("systemctl --user"), "{out}");
-    hermes_with_service(&config_home, &["uninstall", "--hermes-home", home_s]);
+    let out = hermes_with_service(&config_home, &["uninstall", "--hermes-home", home_s]);
     assert!(!unit.exists());
+    assert!(
+        out.contains(&format!(
+            "removed the background service ({})",
+            unit.display()
+        )),
+        "{out}"
+    );
 }
 
 /// Where `systemctl --user` cannot reach a user bus (containers, WSL, some
@@ -455,6 +462,13 @@ fn q8_reaches_the_plugin_and_the_service() {
     assert!(text.contains("\"--dtype\" \"q8\""), "{text}");
     // The tool, through the binary, searches the q8 index install built.
     assert_tool_answers(&hermes_sees(&home), "recall binary");
-    hermes_with_service(&config_home, &["uninstall", "--hermes-home", home_s]);
+    let out = hermes_with_service(&config_home, &["uninstall", "--hermes-home", home_s]);
     assert!(!unit.exists());
+    assert!(
+        out.contains(&format!(
+            "removed the background service ({})",
+            unit.display()
+        )),
+        "{out}"
+    );
 }

@@ -698,8 +698,12 @@ fn rows_that_are_not_clean_text_never_stop_indexing() {
         "18446744073709551615",
     ]);
     assert!(ok, "{err}");
+    // The title is shown, its control characters escaped.
+    let first = out.lines().next().unwrap();
     assert!(
-        out.starts_with("session 20260601_000000_0dd001: messages 1–5 of 5"),
+        first.starts_with("session 20260601_000000_0dd001 \"Odd ")
+            && first.ends_with("\": messages 1–5 of 5")
+            && !first.contains('\u{1b}'),
         "{out}"
     );
     let (ok, out, _) = recall_cli(&[

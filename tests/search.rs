@@ -317,6 +317,10 @@ fn show_prints_the_window_around_a_hit() {
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(
+        lines[0],
+        "session 20260301_101500_aa0001 \"Disk cleanup on the build server\": messages 2–4 of 7"
+    );
     assert!(
         lines[2].starts_with("> [3]") && lines[2].contains("docker images take 40GB"),
         "{out}"

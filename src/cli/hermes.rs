@@ -584,16 +584,24 @@ fn uninstall_service() -> Result<()> {
     let Some(path) = service_path().filter(|p| p.is_file()) else {
         return Ok(());
     };
-    if cfg!(target_os = "macos") {
-        run_quietly("launchctl", &["unload", &path.display().to_string()]);
+    let stopped = if cfg!(target_os = "macos") {
+        run_quietly("launchctl", &["unload", &path.display().to_string()])
     } else {
         run_quietly(
             "systemctl",
             &["--user", "disable", "--now", "recall-watch.service"],
-        );
-    }
+        )
+    };
     std::fs::remove_file(&path)?;
-    println!("removed {}", path.display());
+    println!(
+        "{} the background service ({})",
+        if stopped {
+            "stopped and removed"
+        } else {
+            "removed"
+        },
+        path.display()
+    );
     Ok(())
 }
 

@@ -299,6 +299,7 @@ pub fn run_show(args: ShowArgs) -> Result<()> {
             dir.join("state.db").display()
         );
     }
+    let title = db.sessions()?.remove(&id).and_then(|s| s.title);
     let centre = match args.around {
         Some(m) => messages
             .iter()
@@ -333,14 +334,19 @@ pub fn run_show(args: ShowArgs) -> Result<()> {
             "{}",
             serde_json::json!({
                 "session_id": id, "profile": profile.as_deref().unwrap_or("default"),
+                "title": title,
                 "first": start + 1, "last": end, "total": messages.len(), "messages": window,
             })
         );
         return Ok(());
     }
     println!(
-        "session {}: messages {}–{} of {}",
+        "session {}{}: messages {}–{} of {}",
         printable(&id),
+        title
+            .as_deref()
+            .map(|t| format!(" \"{}\"", printable(t)))
+            .unwrap_or_default(),
         start + 1,
         end,
         messages.len()
