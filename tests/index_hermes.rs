@@ -763,3 +763,67 @@ fn a_read_only_backup_and_an_odd_path_are_read() {
     assert_eq!(report["messages"], 15, "{report}");
     assert_eq!(sha256(&backup.join("state.db")), before);
 }
+
+/// A first index whose model cannot be loaded (no such directory, not a
+/// model, none at all offline) is an error with what to do (exit 1, not the
+/// "try again later" 75), and writes nothing: no index, no lock file, no
+/// line that reads as success.
+#[test]
+fn a_first_index_without_a_model_says_what_to_do_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    let home_s = home.to_str().unwrap();
+    hermes_db(&["create", home_s]);
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let hub = tmp.path().join("hub");
+    let offline = [
+        ("HOME", tmp.path().to_str().unwrap()),
+        ("HF_HUB_CACHE", hub.to_str().unwrap()),
+        ("HF_HUB_OFFLINE", "1"),
+    ];
+    for (args, envs, why) in [
+        (
+            vec![
+                "index",
+                "--hermes-home",
+                home_s,
+                "--model",
+                "/nonexistent/model",
+            ],
+            &offline[..0],
+            "no such directory",
+        ),
+        (
+            vec![
+                "index",
+                "--hermes-home",
+                home_s,
+                "--model",
+                empty.to_str().unwrap(),
+            ],
+            &offline[..0],
+            "missing config.json",
+        ),
+        (
+            vec!["index", "--hermes-home", home_s],
+            &offline[..],
+            "offline",
+        ),
+    ] {
+        let (code, out, err) = recall_env(&args, envs);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.contains(why) && err.contains("--model DIR") && err.contains("recall model fetch"),
+            "{args:?}: {err}"
+        );
+        assert!(!out.contains("indexed"), "{out}");
+        assert!(
+            !home.join("recall").exists(),
+            "{args:?} wrote {:?}",
+            std::fs::read_dir(home.join("recall"))
+                .unwrap()
+                .collect::<Vec<_>>()
+        );
+    }
+}

@@ -214,11 +214,32 @@ pub fn index_with(
             aside.display()
         );
     }
+    // A new index takes the space of the chain's first provider: where that
+    // is recall's engine and its model cannot be loaded, no retry will help
+    // until the user acts, so it is an error (not a pause), and nothing is
+    // written first.
+    let mut first_chain = if index_path.exists() {
+        None
+    } else {
+        let chain = providers.chain(model, None)?;
+        if let Some(first) = chain
+            .providers()
+            .first()
+            .filter(|p| p.kind() == recall::provider::Kind::Local)
+            && let Err(e) = first.identity()
+        {
+            bail!("{}", no_model(&format!("{e:#}")));
+        }
+        Some(chain)
+    };
     // Damage found on the way is named with the way out.
     let run = || -> Result<()> {
         let mut store = Store::open(&index_path)?;
         let remembered = if rebuild { None } else { store.model_dir()? };
-        let chain = providers.chain(model, remembered)?;
+        let chain = match first_chain.take() {
+            Some(chain) => chain,
+            None => providers.chain(model, remembered)?,
+        };
         let options = IndexOptions {
             selection,
             chunk: chunk.params_for(&chain, store.identity()?.as_ref().filter(|_| !rebuild)),
@@ -256,7 +277,7 @@ pub fn index_with(
             let mut value = serde_json::to_value(&report)?;
             value["index"] = json!(index_path);
             println!("{value}");
-        } else {
+        } else if report.paused.is_none() || report.embedded_messages > 0 {
             println!(
                 "indexed {} into {}: {} messages ({} embedded, {} unchanged, {} removed), {} chunks ({} from cache), \
                  {} tokens in {:.1}s ({:.0} tokens/s)",
@@ -445,4 +466,16 @@ fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
         if lag > 0 { " (run `recall index`)" } else { "" }
     );
     Ok(())
+}
+
+/// What to do when recall's engine has no model to load (`why`).
+fn no_model(why: &str) -> String {
+    format!(
+        "recall's engine cannot load its model: {why}\n\
+         Give it one: --model DIR (or RECALL_MODEL) names a model directory \
+         (config.json, tokenizer.json and the weights, as downloaded from Hugging Face; \
+         a small one such as sentence-transformers/all-MiniLM-L6-v2 is enough to try recall), \
+         `recall model fetch` downloads BAAI/bge-m3 (2.3 GB; HF_ENDPOINT for a mirror), \
+         and `recall model export` / `recall model import` bring it from another machine."
+    )
 }
