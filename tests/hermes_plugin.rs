@@ -110,8 +110,23 @@ fn install_by_edit_then_uninstall_leaves_config_as_it_was() {
         CONFIG
     );
 
-    // No server answers at that URL: the tool runs the binary.
-    assert_tool_answers(&hermes_sees(&home), "recall binary");
+    // No server answers at that URL: the tool runs the binary. Hermes has
+    // written a message since install indexed: the agent is told.
+    hermes_db(&[
+        "append",
+        home.to_str().unwrap(),
+        EXPECTED,
+        "user",
+        "and the nginx fix still holds",
+    ]);
+    let seen = hermes_sees(&home);
+    assert_tool_answers(&seen, "recall binary");
+    let note = seen["result"]["index_note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("the index lacks 1 messages Hermes wrote since ")
+            && note.contains("recall index"),
+        "{seen}"
+    );
 
     // A second install changes nothing.
     let plugin = home.join("plugins/recall");

@@ -151,7 +151,8 @@ def _search_via_binary(settings, request):
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, input=request["query"])
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip() or "recall search failed")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    behind = next((line.strip() for line in done.stderr.splitlines() if line.startswith("note: the index lacks")), None)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()], behind
 
 
 def _check():
@@ -176,7 +177,7 @@ def _handler(args, **kwargs):
                 request[field] = str(args[field])
         if settings.get("profile"):
             request["profile"] = settings["profile"]
-        results, via, found_by = None, "recall serve", "hybrid"
+        results, via, found_by, behind = None, "recall serve", "hybrid", None
         if _server_up(settings):
             try:
                 answer = _post(settings["server"] + "/search", request, timeout=60)
@@ -194,7 +195,7 @@ def _handler(args, **kwargs):
                 results = None
         if results is None:
             via = "recall binary"
-            results = _search_via_binary(settings, request)
+            results, behind = _search_via_binary(settings, request)
             modes = {r.pop("mode", "hybrid") for r in results}
             found_by = "keyword" if "keyword" in modes else "hybrid"
         extra = {}
@@ -203,6 +204,9 @@ def _handler(args, **kwargs):
                 "every result is weak: nothing in the history stands out as being about this query; "
                 "say that it was probably not discussed rather than presenting these as the answer"
             )
+        if behind:
+            # The newest turns are not searchable yet: the agent should know.
+            extra["index_note"] = behind[len("note: "):]
         if found_by == "keyword":
             # The model must not take exact-word matches for a search by meaning.
             extra["note"] = (

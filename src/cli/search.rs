@@ -112,6 +112,10 @@ enum VectorScan {
     Binary,
 }
 
+/// How `recall search` starts the line that says the index lags (the Hermes
+/// plugin looks for it).
+const INDEX_BEHIND: &str = "note: the index lacks";
+
 pub fn run_search(args: SearchArgs) -> Result<()> {
     let index_path = args.hermes.index_path()?;
     search_in(&index_path, args).map_err(|e| Store::explain(&index_path, e))
@@ -176,6 +180,19 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
     let (hits, info) = search::search(&store, provider.as_deref(), &args.query, &options)?;
     if let Some(note) = &info.note {
         eprintln!("keyword-only search: the query could not be embedded: {note}");
+    }
+    // A search never fails for this look: Hermes's database may be busy.
+    let selection = recall::source::hermes::Selection::default();
+    if let Ok(Some((lacking, since))) = args
+        .hermes
+        .profiles()
+        .and_then(|profiles| recall::index::behind(&store, &profiles, &selection))
+    {
+        eprintln!(
+            "{INDEX_BEHIND} {lacking} messages Hermes wrote since {}: they cannot be found until \
+             `recall index` runs (or keep `recall serve --watch` running)",
+            search::rfc3339(since)
+        );
     }
     if args.json {
         // Each result says how it was found, so that a keyword-only answer is never taken for more.

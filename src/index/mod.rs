@@ -373,6 +373,33 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Messages Hermes has written since the newest one in the index, over
+/// `profiles`, and when the first of them was written: a look cheap enough
+/// for every search (one query per profile). Edits and deletions of older
+/// messages are not seen; `lag` counts everything.
+pub fn behind(
+    store: &Store,
+    profiles: &[Profile],
+    selection: &Selection,
+) -> Result<Option<(usize, f64)>> {
+    let mut count = 0;
+    let mut first: Option<f64> = None;
+    for profile in profiles {
+        let state_db = profile.state_db();
+        if !state_db.exists() {
+            continue;
+        }
+        let db = StateDb::open(&state_db)?;
+        let (n, since) = db.newer_than(store.last_message_id(&profile.name)?, selection)?;
+        count += n;
+        first = match (first, since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok((count > 0).then(|| (count, first.unwrap_or(0.0))))
+}
+
 /// Messages in Hermes that the index does not hold as they are now.
 pub fn lag(store: &Store, profiles: &[Profile], selection: &Selection) -> Result<usize> {
     let mut behind = 0;

@@ -286,6 +286,15 @@ impl Store {
         )?)
     }
 
+    /// The newest message id of `profile` in the index (0 for none).
+    pub fn last_message_id(&self, profile: &str) -> Result<i64> {
+        Ok(self.conn().query_row(
+            "SELECT COALESCE(MAX(id), 0) FROM messages WHERE profile = ?",
+            [profile],
+            |r| r.get(0),
+        )?)
+    }
+
     pub fn counts(&self) -> Result<Counts> {
         let count =
             |sql: &str| -> Result<i64> { Ok(self.conn().query_row(sql, [], |r| r.get(0))?) };

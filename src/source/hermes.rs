@@ -427,6 +427,38 @@ impl StateDb {
 }
 
 impl StateDb {
+    /// Visible messages of the selected roles newer than message `after`:
+    /// how many, and the time of the first (a cheap look at what an index
+    /// that holds up to `after` lacks; one query on the id key).
+    pub fn newer_than(&self, after: i64, selection: &Selection) -> Result<(usize, Option<f64>)> {
+        let placeholders = vec!["?"; selection.roles.len()].join(",");
+        let sql = format!(
+            "SELECT COUNT(*), MIN(timestamp) FROM messages WHERE id > ? AND role IN ({placeholders}) AND {} \
+             AND (COALESCE(content, '') <> '' OR {} IS NOT NULL)",
+            self.visible(),
+            self.column("tool_calls", "NULL"),
+        );
+        let mut params: Vec<rusqlite::types::Value> = vec![after.into()];
+        params.extend(
+            selection
+                .roles
+                .iter()
+                .map(|r| rusqlite::types::Value::from(r.clone())),
+        );
+        let (count, first) = self
+            .conn
+            .query_row(&sql, rusqlite::params_from_iter(params), |r| {
+                let mut v = Lenient { repaired: false };
+                let first = match r.get_ref(1)? {
+                    rusqlite::types::ValueRef::Null => None,
+                    value => Some(v.seconds(value)),
+                };
+                Ok((r.get::<_, i64>(0)?, first))
+            })
+            .with_context(|| format!("{}: cannot read messages", self.path.display()))?;
+        Ok((count.max(0) as usize, first))
+    }
+
     /// Every visible message of one session, any role, in order (for `recall show`).
     pub fn session_messages(&self, session: &str) -> Result<Vec<Message>> {
         let sql = format!(
