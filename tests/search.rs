@@ -387,3 +387,33 @@ fn colbert_rerank_needs_and_uses_bge_m3_heads() {
         || w[1]["source"] == "cron"
         || w[0]["score"].as_f64() >= w[1]["score"].as_f64()));
 }
+
+/// The text output shows each result's similarity (a strong match's well
+/// above a marginal one's), not the fused rank score, which only orders.
+#[test]
+fn text_results_show_a_similarity_that_means_something() {
+    let minilm = minilm_dir();
+    let (ok, out, err) = recall_cli(&[
+        "search",
+        "the server ran out of space",
+        "-n",
+        "2",
+        "--hermes-home",
+        home().to_str().unwrap(),
+        "--model",
+        minilm.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let similarity = |line: &str| -> f32 {
+        let at = line.find("similarity ").unwrap_or_else(|| panic!("{out}")) + "similarity ".len();
+        line[at..at + 4].parse().unwrap()
+    };
+    let results: Vec<&str> = out.lines().filter(|l| l.starts_with(['1', '2'])).collect();
+    assert_eq!(results.len(), 2, "{out}");
+    assert!(!out.contains("score"), "{out}");
+    assert!(
+        results[0].starts_with("1. Disk cleanup")
+            && similarity(results[0]) > similarity(results[1]) + 0.1,
+        "{out}"
+    );
+}

@@ -216,12 +216,19 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
     let color = super::style::stdout();
     for (i, hit) in hits.iter().enumerate() {
         let title = printable(hit.title.as_deref().unwrap_or("(untitled)"));
+        // The fused score only orders (a rank's share); the similarity of
+        // the best passage says how close it is. Without a query vector
+        // there is none to show.
+        let similarity = if info.mode == search::Mode::Keyword {
+            String::new()
+        } else {
+            format!(" · similarity {:.2}", hit.similarity)
+        };
         println!(
-            "{}. {title}  [{} · {} · score {:.3}{}]",
+            "{}. {title}  [{} · {}{similarity}{}]",
             i + 1,
             hit.when,
             hit.source,
-            hit.score,
             if hit.weak { " · weak" } else { "" }
         );
         println!(
