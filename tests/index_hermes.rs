@@ -827,3 +827,54 @@ fn a_first_index_without_a_model_says_what_to_do_and_writes_nothing() {
         );
     }
 }
+
+/// Ctrl-C during indexing ends it at once, saying how far it got and how
+/// to go on; what was written stays consistent.
+#[test]
+fn ctrl_c_says_how_far_indexing_got() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("hermes");
+    let home_s = home.to_str().unwrap();
+    hermes_db(&["bulk", home_s, "4000"]);
+    let child = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .args(["index", "--hermes-home", home_s, "--model"])
+        .arg(minilm_dir())
+        .env(
+            "RECALL_CACHE_DIR",
+            std::env::temp_dir().join("recall-test-cache"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the index holds the sessions, the run is embedding messages.
+    let index = home.join("recall/index.db");
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        let sessions = rusqlite::Connection::open_with_flags(
+            &index,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .and_then(|c| c.query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get::<_, i64>(0)));
+        if sessions.is_ok_and(|n| n > 0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted after embedding ")
+            && stderr.contains(" of 4000 messages;")
+            && stderr.contains("run `recall index` again"),
+        "{stderr}"
+    );
+    assert_index_consistent(&home);
+}

@@ -214,6 +214,15 @@ pub fn index_with(
             aside.display()
         );
     }
+    // Until the first messages are embedded, say what takes the time.
+    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new_spinner().with_message(
+            "starting: loading the model (its first load also packs the weights), reading Hermes's history",
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    });
+    interrupt::report_on_ctrl_c();
     // A new index takes the space of the chain's first provider: where that
     // is recall's engine and its model cannot be loaded, no retry will help
     // until the user acts, so it is an error (not a pause), and nothing is
@@ -245,23 +254,20 @@ pub fn index_with(
             chunk: chunk.params_for(&chain, store.identity()?.as_ref().filter(|_| !rebuild)),
             rebuild,
         };
-        let bar = if !json && std::io::stderr().is_terminal() {
-            let bar = ProgressBar::new(0);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
-                )
-                .unwrap()
-                .progress_chars("=> "),
-            );
-            Some(bar)
-        } else {
-            None
-        };
         let started = std::time::Instant::now();
         let bar_ref = Mutex::new(bar.clone());
         let progress = move |done: usize, total: usize, chunks: usize, tokens: usize| {
+            interrupt::progress(done, total);
             if let Some(bar) = bar_ref.lock().unwrap().as_ref() {
+                if bar.length() != Some(total as u64) {
+                    bar.set_style(
+                        ProgressStyle::with_template(
+                            "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
+                        )
+                        .expect("a valid template")
+                        .progress_chars("=> "),
+                    );
+                }
                 bar.set_length(total as u64);
                 bar.set_position(done as u64);
                 let rate = tokens as f64 / started.elapsed().as_secs_f64().max(1e-3);
@@ -270,7 +276,7 @@ pub fn index_with(
         };
         let report = index::run(&chain, &mut store, &profiles, &options, &progress)?;
         recall::search::vector::prepare(&store);
-        if let Some(bar) = bar {
+        if let Some(bar) = &bar {
             bar.finish_and_clear();
         }
         if json {
@@ -478,4 +484,86 @@ fn no_model(why: &str) -> String {
          `recall model fetch` downloads BAAI/bge-m3 (2.3 GB; HF_ENDPOINT for a mirror), \
          and `recall model export` / `recall model import` bring it from another machine."
     )
+}
+
+/// Ctrl-C during indexing: what was committed is kept (every write is a
+/// transaction), so the process ends at once, saying how far it got.
+mod interrupt {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static DONE: AtomicUsize = AtomicUsize::new(0);
+    static TOTAL: AtomicUsize = AtomicUsize::new(0);
+
+    /// Messages embedded so far of those this run embeds.
+    pub fn progress(done: usize, total: usize) {
+        DONE.store(done, Ordering::Relaxed);
+        TOTAL.store(total, Ordering::Relaxed);
+    }
+
+    /// From now on, SIGINT prints how far indexing got and exits 130.
+    pub fn report_on_ctrl_c() {
+        #[cfg(unix)]
+        // SAFETY: `on_sigint` only reads atomics, writes to a stack buffer
+        // and calls write(2) and _exit(2), which are async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+        }
+    }
+
+    #[cfg(unix)]
+    extern "C" fn on_sigint(_: libc::c_int) {
+        let mut line = Line::default();
+        let total = TOTAL.load(Ordering::Relaxed);
+        if total == 0 {
+            line.push(b"\ninterrupted before embedding began: run `recall index` again\n");
+        } else {
+            line.push(b"\ninterrupted after embedding ");
+            line.number(DONE.load(Ordering::Relaxed));
+            line.push(b" of ");
+            line.number(total);
+            line.push(b" messages; what was written is kept: run `recall index` again to go on\n");
+        }
+        // SAFETY: write(2) from a valid buffer of `len` bytes, then _exit(2).
+        unsafe {
+            libc::write(2, line.bytes.as_ptr().cast(), line.len);
+            libc::_exit(130);
+        }
+    }
+
+    /// A line built without allocating (a signal handler may not).
+    struct Line {
+        bytes: [u8; 160],
+        len: usize,
+    }
+
+    impl Default for Line {
+        fn default() -> Self {
+            Self {
+                bytes: [0; 160],
+                len: 0,
+            }
+        }
+    }
+
+    impl Line {
+        fn push(&mut self, text: &[u8]) {
+            let n = text.len().min(self.bytes.len() - self.len);
+            self.bytes[self.len..self.len + n].copy_from_slice(&text[..n]);
+            self.len += n;
+        }
+
+        fn number(&mut self, mut n: usize) {
+            let mut digits = [0u8; 20];
+            let mut at = digits.len();
+            loop {
+                at -= 1;
+                digits[at] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            self.push(&digits[at..]);
+        }
+    }
 }

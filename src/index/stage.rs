@@ -239,6 +239,7 @@ impl Stage<'_> {
             return Ok(());
         }
         let total = todo.len();
+        progress(0, total, 0, 0);
         let cache = Store::open(store.path())?;
         let (group_tx, group_rx) = mpsc::sync_channel::<Vec<Pending>>(2);
         let (row_tx, row_rx) = mpsc::sync_channel::<(Vec<MessageRow>, String)>(1);
