@@ -78,6 +78,20 @@ impl Hub {
                 Served { body, etag, lfs },
             );
         }
+        // A small model, fetched by name at `main`.
+        for f in recall::model::hub::MINILM_FILES {
+            let body = std::fs::read(minilm_dir().join(f)).unwrap();
+            let lfs = f.ends_with(".safetensors");
+            let etag = if lfs {
+                sha256(&body)
+            } else {
+                sha256(&body)[..40].to_string()
+            };
+            files.insert(
+                format!("/sentence-transformers/all-MiniLM-L6-v2/resolve/main/{f}"),
+                Served { body, etag, lfs },
+            );
+        }
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -124,8 +138,10 @@ fn serve(
             range_end = b.parse::<usize>().ok();
         }
     }
+    // /{repo}/resolve/{revision}/{file}
     let file = path
-        .rsplit_once(&format!("{COMMIT}/"))
+        .split_once("/resolve/")
+        .and_then(|(_, rest)| rest.split_once('/'))
         .map(|(_, f)| f.to_string())
         .unwrap_or_default();
     log.lock().unwrap().push(format!(
@@ -619,4 +635,47 @@ fn repack(dir: &Path, path: &Path) -> PathBuf {
     tar.append_dir_all(".", dir).unwrap();
     tar.finish().unwrap();
     path.to_path_buf()
+}
+
+/// A small model recall knows is fetched by its short name and then used by
+/// it as --model NAME (offline); an unknown name, or a known one not yet
+/// fetched, says what to do.
+#[test]
+fn a_small_model_is_fetched_and_used_by_name() {
+    let hub = Hub::start(&[], None);
+    let m = Machine::new();
+    let endpoint = [("HF_ENDPOINT", hub.url.as_str())];
+    let (ok, _, err) = m.recall(
+        &["embed", "--model", "all-MiniLM-L6-v2", "x"],
+        &[("HF_HUB_OFFLINE", "1")],
+    );
+    assert!(
+        !ok && err.contains("`recall model fetch all-MiniLM-L6-v2`"),
+        "{err}"
+    );
+    let (ok, out, err) = m.recall(&["model", "fetch", "all-MiniLM-L6-v2"], &endpoint);
+    assert!(ok, "{err}");
+    let snapshot = m
+        .hub_cache()
+        .join("models--sentence-transformers--all-MiniLM-L6-v2/snapshots")
+        .join(COMMIT);
+    assert_eq!(out.trim(), snapshot.to_str().unwrap());
+    let (ok, out, err) = m.recall(
+        &[
+            "embed",
+            "--model",
+            "sentence-transformers/all-MiniLM-L6-v2",
+            "the disk is full",
+        ],
+        &[("HF_HUB_OFFLINE", "1")],
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(v["dense"].as_array().unwrap().len(), 384);
+    let (ok, _, err) = m.recall(&["model", "fetch", "gpt2"], &endpoint);
+    assert!(
+        !ok && err.contains("does not know a model named \"gpt2\"")
+            && err.contains("all-MiniLM-L6-v2"),
+        "{err}"
+    );
 }

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use recall::model::archive::{self, ImportSource};
 use recall::model::hub::{self, BGE_M3_FILES, HubOptions};
-use recall::model::locate::{self, DEFAULT_REPO, DEFAULT_REVISION, Origin};
+use recall::model::locate::{self, DEFAULT_REPO, Origin};
 use recall::model::manifest::{Manifest, manifest_path};
 use recall::model::{ModelFiles, locate::Located};
 
@@ -20,15 +20,17 @@ pub struct ModelCommand {
 
 #[derive(Subcommand)]
 enum ModelSub {
-    /// Download BAAI/bge-m3 into the Hugging Face cache (honours HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE),
-    /// check it, and convert its weights to safetensors once.
-    #[command(
-        after_help = "Examples:\n  recall model fetch\n  HF_ENDPOINT=https://hf-mirror.com recall model fetch"
-    )]
+    /// Download a model (BAAI/bge-m3 unless named) into the Hugging Face cache (honours HF_ENDPOINT,
+    /// HF_TOKEN, HF_HUB_OFFLINE), check it, and convert its weights to safetensors once.
+    #[command(after_help = fetch_help())]
     Fetch {
-        /// Revision (commit) to fetch.
-        #[arg(long, default_value = DEFAULT_REVISION)]
-        revision: String,
+        /// The model: a repository or short name from the list below.
+        #[arg(default_value = DEFAULT_REPO, value_name = "NAME")]
+        name: String,
+        /// Revision (a commit, or a branch or tag name). Default: the one recall pins (BAAI/bge-m3)
+        /// or main.
+        #[arg(long)]
+        revision: Option<String>,
         /// Retries of a broken transfer, each resuming where it stopped.
         #[arg(long, default_value_t = 3)]
         retries: usize,
@@ -91,6 +93,19 @@ enum ModelSub {
     },
 }
 
+/// `recall model fetch --help`'s list of the models it knows, and examples.
+fn fetch_help() -> String {
+    let models: String = hub::KNOWN_MODELS
+        .iter()
+        .map(|m| format!("  {:<40}{}\n", m.repo, m.about))
+        .collect();
+    format!(
+        "Models it knows by name (their short names too; then usable as --model NAME):\n{models}\n\
+         Examples:\n  recall model fetch\n  recall model fetch all-MiniLM-L6-v2\n  \
+         HF_ENDPOINT=https://hf-mirror.com recall model fetch"
+    )
+}
+
 fn progress_bar(len: u64, template: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -106,14 +121,20 @@ fn progress_bar(len: u64, template: &str) -> ProgressBar {
 
 /// Downloads the default model and converts its weights, printing each step.
 pub fn fetch_default(revision: &str, retries: usize) -> Result<PathBuf> {
+    let default = hub::known_model(DEFAULT_REPO).expect("the default model is known");
+    fetch_known(default, revision, retries)
+}
+
+/// Downloads `model` at `revision` and converts its weights, printing each step.
+fn fetch_known(model: &hub::KnownModel, revision: &str, retries: usize) -> Result<PathBuf> {
     let mut options = HubOptions::from_env()?;
     options.progress = std::io::stderr().is_terminal();
     options.retries = retries;
     let cache = locate::recall_cache_dir()?;
     let fetched = hub::fetch(
-        DEFAULT_REPO,
+        model.repo,
         revision,
-        &BGE_M3_FILES,
+        model.files,
         &options,
         &cache,
         |line| eprintln!("{line}"),
@@ -210,7 +231,11 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 pub fn run(cmd: ModelCommand) -> Result<()> {
     match cmd.command {
-        ModelSub::Fetch { revision, retries } => fetch(&revision, retries),
+        ModelSub::Fetch {
+            name,
+            revision,
+            retries,
+        } => fetch(&name, revision.as_deref(), retries),
         ModelSub::Export { file, model } => export(&file, model.as_deref()),
         ModelSub::Import {
             source,
@@ -223,14 +248,25 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
     }
 }
 
-/// The default model into the Hugging Face cache.
-fn fetch(revision: &str, retries: usize) -> Result<()> {
+/// A model recall knows by name into the Hugging Face cache.
+fn fetch(name: &str, revision: Option<&str>, retries: usize) -> Result<()> {
+    let Some(model) = hub::known_model(name) else {
+        bail!(
+            "recall does not know a model named {name:?}; it fetches {} (or give any model directory \
+             as --model DIR)",
+            hub::KNOWN_MODELS
+                .iter()
+                .map(|m| m.repo)
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+    };
     if hub::offline_from_env() {
         bail!(
             "HF_HUB_OFFLINE is set: recall will not download. Unset it, or import the model with `recall model import`"
         );
     }
-    let dir = fetch_default(revision, retries)?;
+    let dir = fetch_known(model, revision.unwrap_or(model.revision), retries)?;
     println!("{}", dir.display());
     Ok(())
 }

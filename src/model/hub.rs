@@ -33,6 +33,54 @@ pub const BGE_M3_FILES: [&str; 9] = [
     "modules.json",
 ];
 
+/// The files of sentence-transformers/all-MiniLM-L6-v2 that recall needs.
+pub const MINILM_FILES: [&str; 8] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "model.safetensors",
+    "modules.json",
+    "1_Pooling/config.json",
+    "sentence_bert_config.json",
+];
+
+/// A model `recall model fetch` knows by name.
+#[derive(Debug)]
+pub struct KnownModel {
+    /// The hub repository (`owner/name`); its `name` is the short name.
+    pub repo: &'static str,
+    /// The revision fetched unless another is asked for.
+    pub revision: &'static str,
+    pub files: &'static [&'static str],
+    /// What it is, in a few words.
+    pub about: &'static str,
+}
+
+/// The models `recall model fetch NAME` and `--model NAME` know.
+pub const KNOWN_MODELS: [KnownModel; 2] = [
+    KnownModel {
+        repo: super::locate::DEFAULT_REPO,
+        revision: super::locate::DEFAULT_REVISION,
+        files: &BGE_M3_FILES,
+        about: "the default: 2.3 GB, 1024-dim dense, sparse and ColBERT, 100+ languages",
+    },
+    KnownModel {
+        repo: "sentence-transformers/all-MiniLM-L6-v2",
+        revision: "main",
+        files: &MINILM_FILES,
+        about: "90 MB, 384-dim dense only, English: to try recall quickly",
+    },
+];
+
+/// The known model `name` names: its repository or its short name, in any case.
+pub fn known_model(name: &str) -> Option<&'static KnownModel> {
+    KNOWN_MODELS.iter().find(|m| {
+        let short = m.repo.rsplit('/').next().unwrap_or(m.repo);
+        name.eq_ignore_ascii_case(m.repo) || name.eq_ignore_ascii_case(short)
+    })
+}
+
 /// How to reach the hub, from the environment (`HF_ENDPOINT`, `HF_TOKEN`,
 /// the hub cache variables) unless set otherwise.
 #[derive(Debug, Clone)]

@@ -68,6 +68,24 @@ pub fn locate(flag: Option<&Path>) -> Result<Located> {
 
 fn checked(dir: &Path, origin: Origin, what: &str) -> Result<Located> {
     if !dir.is_dir() {
+        // Not a directory: perhaps the name of a model `recall model fetch` got.
+        if let Some(known) = dir.to_str().and_then(super::hub::known_model) {
+            if let Some(cache) = hub_cache_dir()
+                && let Some((dir, revision)) = hub_snapshot(&cache, known.repo)?
+            {
+                return Ok(Located {
+                    dir,
+                    origin: Origin::HubCache { revision },
+                });
+            }
+            bail!(
+                "{what} {}: no such directory, nor is {} in the Hugging Face cache yet: \
+                 `recall model fetch {}` downloads it",
+                dir.display(),
+                known.repo,
+                dir.display()
+            );
+        }
         bail!("{what} {}: no such directory", dir.display());
     }
     Ok(Located {
