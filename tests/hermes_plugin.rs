@@ -33,6 +33,20 @@ fn install(home: &Path, extra: &[&str]) -> String {
     recall_on(&["hermes", "install"], home, &minilm_dir(), extra)
 }
 
+/// `recall hermes install` without the `hermes` command: (success, stderr).
+fn install_without_hermes(home: &Path) -> (bool, String) {
+    let (ok, _, err) = recall_cli(&[
+        "hermes",
+        "install",
+        "--hermes-home",
+        home.to_str().unwrap(),
+        "--model",
+        minilm_dir().to_str().unwrap(),
+        "--no-hermes-command",
+    ]);
+    (ok, err)
+}
+
 fn uninstall(home: &Path) -> String {
     let (ok, out, err) = recall_cli(&[
         "hermes",
@@ -180,15 +194,7 @@ fn config_yaml_is_never_exposed_destroyed_or_lost() {
     // Not UTF-8: refused, naming the file, and left byte for byte.
     let latin1 = b"# r\xe9glages\nplugins:\n  enabled:\n  - other-plugin\n".to_vec();
     std::fs::write(&config, &latin1).unwrap();
-    let (ok, _, err) = recall_cli(&[
-        "hermes",
-        "install",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm_dir().to_str().unwrap(),
-        "--no-hermes-command",
-    ]);
+    let (ok, err) = install_without_hermes(&home);
     assert!(!ok && err.contains("config.yaml is not UTF-8"), "{err}");
     assert_eq!(std::fs::read(&config).unwrap(), latin1);
     assert!(!home.join("config.yaml.recall-backup").exists());
@@ -238,15 +244,7 @@ fn config_yaml_edit_keeps_its_bytes_or_refuses() {
 
     let flow = "plugins:\n  enabled: [alpha,\n    beta]\n";
     std::fs::write(&config, flow).unwrap();
-    let (ok, _, err) = recall_cli(&[
-        "hermes",
-        "install",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm_dir().to_str().unwrap(),
-        "--no-hermes-command",
-    ]);
+    let (ok, err) = install_without_hermes(&home);
     assert!(!ok && err.contains("plugins.enabled by hand"), "{err}");
     assert_eq!(std::fs::read_to_string(&config).unwrap(), flow);
     assert!(!home.join("config.yaml.recall-backup").exists());
@@ -314,14 +312,13 @@ fn install_with_the_hermes_command_and_a_running_server() {
     assert!(ok && status.contains("not installed"), "{status}");
 }
 
-/// `recall hermes ARGS` with service files under CONFIG_HOME and no
-/// `systemctl`/`launchctl` on PATH; it must succeed. Its standard output.
-fn hermes_with_service(config_home: &Path, args: &[&str]) -> String {
+/// `recall ARGS` with service files under CONFIG_HOME and PATH as given:
+/// (success, stdout, stderr).
+fn with_service_files(config_home: &Path, path: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .arg("hermes")
         .args(args)
         .env("XDG_CONFIG_HOME", config_home)
-        .env("PATH", "/nonexistent")
+        .env("PATH", path)
         .env(
             "RECALL_CACHE_DIR",
             std::env::temp_dir().join("recall-test-cache"),
@@ -329,12 +326,35 @@ fn hermes_with_service(config_home: &Path, args: &[&str]) -> String {
         .env_remove("RECALL_DTYPE")
         .output()
         .unwrap();
-    assert!(
+    (
         out.status.success(),
-        "recall hermes {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `recall hermes install --service` of the history at HOME with MODEL, not indexing.
+fn service_install<'a>(home: &'a str, model: &'a str) -> [&'a str; 9] {
+    [
+        "hermes",
+        "install",
+        "--no-index",
+        "--no-hermes-command",
+        "--service",
+        "--hermes-home",
+        home,
+        "--model",
+        model,
+    ]
+}
+
+/// `recall hermes ARGS` with service files under CONFIG_HOME and no
+/// `systemctl`/`launchctl` on PATH; it must succeed. Its standard output.
+fn hermes_with_service(config_home: &Path, args: &[&str]) -> String {
+    let args = [&["hermes"][..], args].concat();
+    let (ok, out, err) = with_service_files(config_home, "/nonexistent", &args);
+    assert!(ok, "recall {args:?}: {err}");
+    out
 }
 
 #[test]
@@ -343,19 +363,7 @@ fn service_file_runs_serve_with_watch() {
     let config_home = tmp.path().join("xdg");
     let model = minilm_dir();
     let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
-    let out = hermes_with_service(
-        &config_home,
-        &[
-            "install",
-            "--no-index",
-            "--no-hermes-command",
-            "--service",
-            "--hermes-home",
-            home_s,
-            "--model",
-            model_s,
-        ],
-    );
+    let out = hermes_with_service(&config_home, &service_install(home_s, model_s)[1..]);
     let unit = config_home.join("systemd/user/recall-watch.service");
     let text = std::fs::read_to_string(&unit).unwrap();
     assert!(
@@ -396,31 +404,8 @@ fn a_service_that_cannot_start_says_so() {
     let path = format!("{}:/usr/bin:/bin", bin.display());
     let model = minilm_dir();
     let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
-    let recall = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-            .args(args)
-            .env("XDG_CONFIG_HOME", &config_home)
-            .env("PATH", &path)
-            .env(
-                "RECALL_CACHE_DIR",
-                std::env::temp_dir().join("recall-test-cache"),
-            )
-            .env_remove("RECALL_DTYPE")
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let out = recall(&[
-        "hermes",
-        "install",
-        "--no-index",
-        "--no-hermes-command",
-        "--service",
-        "--hermes-home",
-        home_s,
-        "--model",
-        model_s,
-    ]);
+    let recall = |args: &[&str]| with_service_files(&config_home, &path, args).1;
+    let out = recall(&service_install(home_s, model_s));
     assert!(
         out.contains("not started: Failed to connect to bus: No medium found"),
         "{out}"

@@ -375,16 +375,9 @@ impl StateDb {
         let mut stmt = self.conn.prepare(&sql)?;
         let mut after = 0i64;
         loop {
-            let mut params: Vec<rusqlite::types::Value> = vec![after.into()];
-            params.extend(
-                selection
-                    .roles
-                    .iter()
-                    .map(|r| rusqlite::types::Value::from(r.clone())),
-            );
             let mut page = Vec::with_capacity(PAGE as usize);
             // One statement is one read transaction (autocommit), released before the next page.
-            let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
+            let rows = stmt.query_map(after_and_roles(after, selection), |r| {
                 let mut v = Lenient { repaired: false };
                 let row = (
                     r.get::<_, i64>(0)?,
@@ -426,6 +419,16 @@ impl StateDb {
     }
 }
 
+/// The parameters of `id > ? AND role IN (?, …)`.
+fn after_and_roles(
+    after: i64,
+    selection: &Selection,
+) -> rusqlite::ParamsFromIter<Vec<rusqlite::types::Value>> {
+    let mut params: Vec<rusqlite::types::Value> = vec![after.into()];
+    params.extend(selection.roles.iter().map(|r| r.clone().into()));
+    rusqlite::params_from_iter(params)
+}
+
 impl StateDb {
     /// Visible messages of the selected roles newer than message `after`:
     /// how many, and the time of the first (a cheap look at what an index
@@ -438,16 +441,9 @@ impl StateDb {
             self.visible(),
             self.column("tool_calls", "NULL"),
         );
-        let mut params: Vec<rusqlite::types::Value> = vec![after.into()];
-        params.extend(
-            selection
-                .roles
-                .iter()
-                .map(|r| rusqlite::types::Value::from(r.clone())),
-        );
         let (count, first) = self
             .conn
-            .query_row(&sql, rusqlite::params_from_iter(params), |r| {
+            .query_row(&sql, after_and_roles(after, selection), |r| {
                 let mut v = Lenient { repaired: false };
                 let first = match r.get_ref(1)? {
                     rusqlite::types::ValueRef::Null => None,
