@@ -439,6 +439,39 @@ fn defaults_are_the_best_on_dev() {
         Some(base.similar),
         "the similarity cut is one step above the lowest that keeps dev's absent topics weak"
     );
+    // The session cuts: a result whose session holds this share of the
+    // query's word weight, and whose best passage has come `session_similar`
+    // of the way to 1, is not weak. The share one step above the lowest that
+    // keeps every absent topic of dev all weak; the similarity the lowest
+    // that does at that share.
+    let lowest_session_covered = lowest_cut_keeping_absent_weak(
+        &ranker,
+        "session covered from",
+        &[0.35, 0.4, 0.45, 0.5, 0.55, 0.6],
+        |cut| Ranking {
+            session_covered: cut,
+            ..base
+        },
+    );
+    assert_eq!(
+        lowest_session_covered.map(|c| c + 0.05),
+        Some(base.session_covered),
+        "the session coverage cut is one step above the lowest that keeps dev's absent topics weak"
+    );
+    let lowest_session_similar = lowest_cut_keeping_absent_weak(
+        &ranker,
+        "session similar from",
+        &[0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3],
+        |cut| Ranking {
+            session_similar: cut,
+            ..base
+        },
+    );
+    assert_eq!(
+        lowest_session_similar,
+        Some(base.session_similar),
+        "the session similarity cut is the lowest that keeps dev's absent topics weak"
+    );
     let strong_absent = absent_with_strong_results(corpus, &answers);
     assert!(
         strong_absent.is_empty(),

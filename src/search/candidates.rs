@@ -90,6 +90,9 @@ pub(super) struct Keyword {
     /// document of its passages: higher is better. A question's words are
     /// often spread over several turns of the conversation that answers it.
     pub(super) sessions: HashMap<(String, String), f32>,
+    /// Each session's share of the query's word weight, a session taken as
+    /// one document (the words its passages hold together).
+    pub(super) session_coverage: HashMap<(String, String), f32>,
 }
 
 /// Keyword hits: the whole query as an exact phrase first (identifiers such
@@ -149,7 +152,10 @@ pub(super) fn keyword_candidates(store: &Store, query: &str, k: usize) -> Result
             out.words.insert(id, -bm25 as f32);
             out.score.entry(id).or_insert(bm25_to_score(bm25));
         }
-        (out.coverage, out.sessions) = word_weights(store, &words, out.words.keys().copied())?;
+        let weights = word_weights(store, &words, out.words.keys().copied())?;
+        out.coverage = weights.coverage;
+        out.sessions = weights.sessions;
+        out.session_coverage = weights.session_coverage;
     }
     Ok(out)
 }
@@ -169,16 +175,25 @@ fn idf(n: f64, df: f64) -> f64 {
     ((n - df + 0.5) / (df + 0.5) + 1.0).ln()
 }
 
-/// Each of `ids`' share of the IDF weight of `words`, and each session's
-/// BM25 over `words` with a session as one document: a word's frequency
-/// there is the number of its passages holding it, its length its number
-/// of passages.
-#[allow(clippy::type_complexity)]
+/// What the query's words weigh in passages and sessions (`word_weights`).
+struct WordWeights {
+    /// Each passage's share of the IDF weight of the words.
+    coverage: HashMap<i64, f32>,
+    /// Each session's BM25 over the words.
+    sessions: HashMap<(String, String), f32>,
+    /// Each session's share of the IDF weight of the words.
+    session_coverage: HashMap<(String, String), f32>,
+}
+
+/// Each of `ids`' share of the IDF weight of `words`, each session's
+/// share, and each session's BM25 over `words` with a session as one
+/// document: a word's frequency there is the number of its passages
+/// holding it, its length its number of passages.
 fn word_weights(
     store: &Store,
     words: &[String],
     ids: impl Iterator<Item = i64>,
-) -> Result<(HashMap<i64, f32>, HashMap<(String, String), f32>)> {
+) -> Result<WordWeights> {
     let (passages, sessions) = store.passage_and_session_counts()?;
     let (passages, sessions) = (passages as f64, sessions.max(1) as f64);
     let mean_length = passages / sessions;
@@ -186,6 +201,7 @@ fn word_weights(
     let mut total = 0.0;
     let mut lengths: HashMap<(String, String), f64> = HashMap::new();
     let mut by_session: HashMap<(String, String), f64> = HashMap::new();
+    let mut session_held: HashMap<(String, String), f64> = HashMap::new();
     for word in words {
         let postings = store.word_postings(&quote(word))?;
         let weight = idf(passages, postings.len() as f64);
@@ -196,6 +212,9 @@ fn word_weights(
                 *w += weight;
             }
             *frequency.entry((profile, session)).or_default() += 1.0;
+        }
+        for key in frequency.keys() {
+            *session_held.entry(key.clone()).or_default() += weight;
         }
         let weight = idf(sessions, frequency.len() as f64);
         for (key, tf) in frequency {
@@ -212,12 +231,15 @@ fn word_weights(
                 weight * tf * (BM25_K1 + 1.0) / (tf + BM25_K1 * norm);
         }
     }
-    let coverage = held
-        .into_iter()
-        .map(|(id, w)| (id, if total > 0.0 { (w / total) as f32 } else { 0.0 }))
-        .collect();
-    let by_session = by_session.into_iter().map(|(k, v)| (k, v as f32)).collect();
-    Ok((coverage, by_session))
+    let share = |w: f64| if total > 0.0 { (w / total) as f32 } else { 0.0 };
+    Ok(WordWeights {
+        coverage: held.into_iter().map(|(id, w)| (id, share(w))).collect(),
+        sessions: by_session.into_iter().map(|(k, v)| (k, v as f32)).collect(),
+        session_coverage: session_held
+            .into_iter()
+            .map(|(k, w)| (k, share(w)))
+            .collect(),
+    })
 }
 
 /// Passages of the sessions whose title holds the whole query (any case):

@@ -216,6 +216,14 @@ pub fn search(
                 })
                 .fold(0.0, f32::max)
                 / best_session_words.max(f32::MIN_POSITIVE),
+            session_coverage: s
+                .passages
+                .iter()
+                .filter_map(|p| {
+                    let key = (p.chunk.profile.clone(), p.chunk.session_id.clone());
+                    keyword.session_coverage.get(&key).copied()
+                })
+                .fold(0.0, f32::max),
             title: *title,
             keyword_rank: s.passages.iter().filter_map(|p| p.keyword_rank).min(),
             keyword_score: s

@@ -13,7 +13,8 @@
 //! A result is not weak when the query matched it word for word, when one of
 //! its passages holds most of the weight of the query's words (IDF: the rare
 //! words count), when one shares some of the query's words and is far more
-//! similar to it than the index's typical passage is, or when its
+//! similar to it than the index's typical passage is, when the session
+//! holds most of the words over its turns and comes nearer than typical, or when its
 //! similarity stands out from this query's own spread of similarities over
 //! the index. Similarity is always judged against the index's own, never
 //! against an absolute cosine: models differ in where unrelated texts sit
@@ -56,6 +57,13 @@ pub struct Ranking {
     /// turn that answers a question rarely repeats most of its words, but it
     /// shares one and means much the same.
     pub similar: f32,
+    /// Nor when the session as a whole holds at least this share of the
+    /// query's word weight (a question's words spread over the turns of the
+    /// conversation it asks about)...
+    pub session_covered: f32,
+    /// ...and its best passage has come at least this share of the way from
+    /// the typical similarity to 1.
+    pub session_similar: f32,
     /// Weight of the similarity of the session's title.
     pub title: f32,
     /// Reciprocal rank fusion's constant, over session ranks.
@@ -85,6 +93,8 @@ impl Default for Ranking {
             covered: 0.55,
             shares_words: 0.05,
             similar: 0.4,
+            session_covered: 0.5,
+            session_similar: 0.2,
             title: 0.3,
             rrf_k: 10.0,
             keyword: 1.0,
@@ -112,6 +122,8 @@ pub struct Evidence {
     /// Its BM25 over the query's words as one document, as a share of the
     /// query's best session (0 without them).
     pub session_words: f32,
+    /// Its share of the query's word weight as one document.
+    pub session_coverage: f32,
     /// Cosine of its title (the best of its lineage's), when embedded.
     pub title: Option<f32>,
     /// Position of its best passage in the keyword list (exact phrase hits first).
@@ -310,11 +322,15 @@ pub fn standings(
                 fused *= r.cron;
             }
             let answers = spread.is_some_and(|s| {
+                // How far `cosine` has come from the typical similarity to 1.
+                let towards_one =
+                    |cosine: f32| (cosine - s.typical) / (1.0 - s.typical).max(f32::MIN_POSITIVE);
                 e.covered_cosines.iter().any(|&(coverage, cosine)| {
-                    coverage >= r.shares_words
-                        && (cosine - s.typical) / (1.0 - s.typical).max(f32::MIN_POSITIVE)
-                            >= r.similar
-                })
+                    coverage >= r.shares_words && towards_one(cosine) >= r.similar
+                }) || (e.session_coverage >= r.session_covered
+                    && e.passages
+                        .first()
+                        .is_some_and(|&best| towards_one(best) >= r.session_similar))
             });
             let weak = match (dense[i], crowd, spread) {
                 _ if e.keyword_match => false,
@@ -546,5 +562,29 @@ mod tests {
         });
         let s = standings(&evidence, 0.2, higher, Fusion::Rrf, &r);
         assert!(s[3].weak, "{s:?}");
+    }
+
+    #[test]
+    fn a_session_holding_the_question_words_and_near_it_is_strong() {
+        let r = Ranking::default();
+        let spread = Some(Spread {
+            std: 0.05,
+            typical: 0.2,
+        });
+        let near = 0.2 + 0.8 * r.session_similar + 0.01;
+        let mut evidence: Vec<Evidence> = (0..20)
+            .map(|i| dense_only(0.15 - i as f32 * 0.001))
+            .collect();
+        // Most of the question's words over its turns, its best passage near: strong.
+        evidence[2].passages = vec![near];
+        evidence[2].session_coverage = r.session_covered;
+        // As near, but fewer of the words: weak.
+        evidence[3].passages = vec![near];
+        evidence[3].session_coverage = r.session_covered - 0.01;
+        // The words, but nothing near the question: weak.
+        evidence[4].passages = vec![near - 0.02];
+        evidence[4].session_coverage = 0.9;
+        let s = standings(&evidence, 0.1, spread, Fusion::Rrf, &r);
+        assert!(!s[2].weak && s[3].weak && s[4].weak, "{s:?}");
     }
 }
