@@ -351,8 +351,9 @@ fn blank_hit() -> SessionHit {
 
 /// The sweep that chose `Ranking::default()`, on the dev history only: each
 /// constant moved alone around its default. The defaults score within 0.01
-/// of the best of the sweep on dev, and the weak cut is one step above the
-/// lowest that keeps every absent topic of dev all weak.
+/// of the best of the sweep on dev, and each cut of the weak verdict sits
+/// where its rule says, against the lowest that keeps every absent topic of
+/// dev all weak.
 #[test]
 fn defaults_are_the_best_on_dev() {
     let tmp = tempfile::tempdir().unwrap();
@@ -385,93 +386,70 @@ fn defaults_are_the_best_on_dev() {
             &ranker.answers(&naive())
         )
     );
-    // The weak cut: the lowest that leaves every absent topic of dev all
-    // weak, with a margin of one step, since a smaller or larger history
-    // moves it; the price is right answers marked weak.
-    let lowest_clean = lowest_cut_keeping_absent_weak(
-        &ranker,
-        "weak below",
-        &[5.0, 5.5, 6.0, 6.5, 7.0, 8.0],
-        |cut| Ranking {
-            weak_below: cut,
-            ..base
-        },
+    // The cuts of the weak verdict, each swept alone on dev: (name, steps,
+    // how to set it, how to read it, margin). Each is the lowest step that
+    // keeps every absent topic of dev all weak, plus its margin: one step
+    // for the cuts a smaller or larger history moves (the weak cut; the
+    // similarity cuts, measured from the sample's median; the session's
+    // share), none where each step above costs right answers on the dev
+    // conversations (scripts/eval_locomo.py). The session similarity is
+    // swept at the session share's default.
+    type Cut = (
+        &'static str,
+        &'static [f32],
+        fn(&mut Ranking, f32),
+        fn(&Ranking) -> f32,
+        f32,
     );
-    assert_eq!(
-        lowest_clean.map(|c| c + 0.5),
-        Some(base.weak_below),
-        "the weak cut is one step above the lowest that keeps dev's absent topics weak"
-    );
-    // The coverage cut: a result holding this share of the query's word
-    // weight is not weak. The lowest that keeps every absent topic of dev
-    // all weak; each step above it costs right answers on the dev
-    // conversations (scripts/eval_locomo.py).
-    let lowest_covered = lowest_cut_keeping_absent_weak(
-        &ranker,
-        "covered from",
-        &[0.4, 0.45, 0.5, 0.55, 0.6, 0.65],
-        |cut| Ranking {
-            covered: cut,
-            ..base
-        },
-    );
-    assert_eq!(
-        lowest_covered,
-        Some(base.covered),
-        "the coverage cut is the lowest that keeps dev's absent topics weak"
-    );
-    // The similarity cut: a result with a passage that shares a word with
-    // the query and has come this share of the way from the index's typical
-    // similarity to 1 is not weak. Like the weak cut, one step above the
-    // lowest that keeps every absent topic of dev all weak: the sample's
-    // median moves a little with the history.
-    let lowest_similar = lowest_cut_keeping_absent_weak(
-        &ranker,
-        "similar from",
-        &[0.25, 0.3, 0.35, 0.4, 0.45, 0.5],
-        |cut| Ranking {
-            similar: cut,
-            ..base
-        },
-    );
-    assert_eq!(
-        lowest_similar.map(|c| c + 0.05),
-        Some(base.similar),
-        "the similarity cut is one step above the lowest that keeps dev's absent topics weak"
-    );
-    // The session cuts: a result whose session holds this share of the
-    // query's word weight, and whose best passage has come `session_similar`
-    // of the way to 1, is not weak. The share one step above the lowest that
-    // keeps every absent topic of dev all weak; the similarity the lowest
-    // that does at that share.
-    let lowest_session_covered = lowest_cut_keeping_absent_weak(
-        &ranker,
-        "session covered from",
-        &[0.35, 0.4, 0.45, 0.5, 0.55, 0.6],
-        |cut| Ranking {
-            session_covered: cut,
-            ..base
-        },
-    );
-    assert_eq!(
-        lowest_session_covered.map(|c| c + 0.05),
-        Some(base.session_covered),
-        "the session coverage cut is one step above the lowest that keeps dev's absent topics weak"
-    );
-    let lowest_session_similar = lowest_cut_keeping_absent_weak(
-        &ranker,
-        "session similar from",
-        &[0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3],
-        |cut| Ranking {
-            session_similar: cut,
-            ..base
-        },
-    );
-    assert_eq!(
-        lowest_session_similar,
-        Some(base.session_similar),
-        "the session similarity cut is the lowest that keeps dev's absent topics weak"
-    );
+    let cuts: [Cut; 5] = [
+        (
+            "weak below",
+            &[5.0, 5.5, 6.0, 6.5, 7.0, 8.0],
+            |r, v| r.weak_below = v,
+            |r| r.weak_below,
+            0.5,
+        ),
+        (
+            "covered from",
+            &[0.4, 0.45, 0.5, 0.55, 0.6, 0.65],
+            |r, v| r.covered = v,
+            |r| r.covered,
+            0.0,
+        ),
+        (
+            "similar from",
+            &[0.25, 0.3, 0.35, 0.4, 0.45, 0.5],
+            |r, v| r.similar = v,
+            |r| r.similar,
+            0.05,
+        ),
+        (
+            "session covered from",
+            &[0.35, 0.4, 0.45, 0.5, 0.55, 0.6],
+            |r, v| r.session_covered = v,
+            |r| r.session_covered,
+            0.05,
+        ),
+        (
+            "session similar from",
+            &[0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3],
+            |r, v| r.session_similar = v,
+            |r| r.session_similar,
+            0.0,
+        ),
+    ];
+    for (name, steps, set, get, margin) in cuts {
+        let lowest = lowest_cut_keeping_absent_weak(&ranker, name, steps, |cut| {
+            let mut ranking = base;
+            set(&mut ranking, cut);
+            ranking
+        });
+        assert_eq!(
+            lowest.map(|c| c + margin),
+            Some(get(&base)),
+            "the cut {name:?} is {margin} above the lowest that keeps dev's absent topics weak"
+        );
+    }
     let strong_absent = absent_with_strong_results(corpus, &answers);
     assert!(
         strong_absent.is_empty(),

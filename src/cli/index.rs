@@ -324,12 +324,7 @@ pub fn index_with(
                 report.capped_messages,
                 index::chunk::MAX_CHUNKS_PER_MESSAGE,
                 options.chunk.window,
-                report
-                    .capped_ids
-                    .iter()
-                    .map(i64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                id_list(&report.capped_ids)
             );
         }
         if report.repaired_messages > 0 {
@@ -337,12 +332,7 @@ pub fn index_with(
                 "warning: {} messages in Hermes's database held bytes that are not UTF-8 text or a \
                  timestamp that is no number (ids {}); they were indexed with those bytes replaced",
                 report.repaired_messages,
-                report
-                    .repaired_ids
-                    .iter()
-                    .map(i64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                id_list(&report.repaired_ids)
             );
         }
         if report.malformed_lines > 0 {
@@ -472,6 +462,14 @@ fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
         if lag > 0 { " (run `recall index`)" } else { "" }
     );
     Ok(())
+}
+
+/// Message ids for a warning: `4, 8, 15`.
+fn id_list(ids: &[i64]) -> String {
+    ids.iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What to do when recall's engine has no model to load (`why`).

@@ -296,9 +296,12 @@ fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions)
     let bar = options.progress.then(|| progress_bar(file, size));
     let mut attempt = 0;
     // A 4xx answer: trying again would get the same.
-    let mut refused = None;
+    let mut refused = false;
     loop {
-        let from = out.metadata()?.len();
+        // Bytes in the .part file, counted as they are written (a failed
+        // write is counted again from the file here).
+        let mut have = out.metadata()?.len();
+        let from = have;
         if from == size {
             break;
         }
@@ -316,7 +319,7 @@ fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions)
             let response = request.call().map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
             let status = response.status().as_u16();
             if (400..500).contains(&status) {
-                refused = Some(status);
+                refused = true;
                 bail!("{file}: the server answered HTTP {status}");
             }
             if status >= 300 {
@@ -325,6 +328,7 @@ fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions)
             // A server that ignores the range sends the whole file again.
             if status != 206 && from > 0 {
                 out.set_len(0)?;
+                have = 0;
             }
             let mut body = response.into_body().into_reader();
             let mut buf = vec![0u8; 1 << 16];
@@ -334,24 +338,25 @@ fn transfer(url: &str, file: &str, size: u64, blob: &Path, options: &HubOptions)
                 if n == 0 {
                     break;
                 }
-                if out.metadata()?.len() + n as u64 > size {
+                if have + n as u64 > size {
                     bail!("{file}: the server sent more than the {size} bytes it announced");
                 }
                 out.write_all(&buf[..n])?;
+                have += n as u64;
                 if let Some(bar) = &bar {
                     bar.inc(n as u64);
                 }
             }
             Ok(())
         })();
-        if out.metadata()?.len() == size {
+        if have == size {
             break;
         }
         attempt += 1;
         let why = result
             .err()
             .map_or("the transfer ended early".to_string(), |e| e.to_string());
-        if refused.is_some() {
+        if refused {
             bail!("{why}");
         }
         if attempt > options.retries {

@@ -207,23 +207,9 @@ pub fn search(
                 .filter(|p| p.coverage > 0.0 && p.similarity.is_finite())
                 .map(|p| (p.coverage, p.similarity))
                 .collect(),
-            session_words: s
-                .passages
-                .iter()
-                .filter_map(|p| {
-                    let key = (p.chunk.profile.clone(), p.chunk.session_id.clone());
-                    keyword.sessions.get(&key).copied()
-                })
-                .fold(0.0, f32::max)
+            session_words: s.best_of_sessions(&keyword.sessions)
                 / best_session_words.max(f32::MIN_POSITIVE),
-            session_coverage: s
-                .passages
-                .iter()
-                .filter_map(|p| {
-                    let key = (p.chunk.profile.clone(), p.chunk.session_id.clone());
-                    keyword.session_coverage.get(&key).copied()
-                })
-                .fold(0.0, f32::max),
+            session_coverage: s.best_of_sessions(&keyword.session_coverage),
             title: *title,
             keyword_rank: s.passages.iter().filter_map(|p| p.keyword_rank).min(),
             keyword_score: s
@@ -338,6 +324,18 @@ struct Candidate {
 }
 
 impl Candidate {
+    /// The largest of `by_session`'s values for the Hermes sessions its
+    /// passages come from (a lineage may span several); 0 for none.
+    fn best_of_sessions(&self, by_session: &HashMap<(String, String), f32>) -> f32 {
+        self.passages
+            .iter()
+            .filter_map(|p| {
+                let key = (p.chunk.profile.clone(), p.chunk.session_id.clone());
+                by_session.get(&key).copied()
+            })
+            .fold(0.0, f32::max)
+    }
+
     /// The result: the passage the query matched word for word, else the
     /// one holding most of the query's word weight (a question's answer
     /// shares its rare words), else the most relevant; with up to two more
