@@ -63,7 +63,7 @@ if [ -z "${RECALL_TEST_HERMES_PYTHON:-}" ]; then
   RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
 fi
 export RECALL_TEST_HERMES_PYTHON
-tests=(--workspace --lib --test bge_m3_parity --test minilm)
+tests=(--workspace --exclude recall-python --lib --test bge_m3_parity --test minilm)
 if [ "${RECALL_AARCH64_EVAL:-0}" = 1 ]; then
   tests+=(--test eval)
 else
@@ -78,7 +78,7 @@ CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max" \
   cargo test --target "$target" "$@" "${tests[@]}" -- --skip defaults_are_the_best_on_dev
 for cpu in neoverse-n1 cortex-a72; do
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu $cpu" \
-    cargo test --target "$target" "$@" --workspace --lib --test bge_m3_parity -- quant q8
+    cargo test --target "$target" "$@" --workspace --exclude recall-python --lib --test bge_m3_parity -- quant q8
 done
 
 # The binary says which kernels it picked on each.

@@ -10,7 +10,9 @@ RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
 export RECALL_TEST_HERMES_PYTHON
 RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
 export RECALL_TEST_CLIENTS_PYTHON
-cargo test --workspace --all-targets "$@"
+# recall-python is a Python extension: Python tests it (python_test.sh below),
+# and a Rust test binary of it would need libpython to link.
+cargo test --workspace --exclude recall-python --all-targets "$@"
 # The engine as a library: its documentation example compiles, its example
 # runs on the tiny model, and it depends on none of the application's
 # HTTP, SQL, file-watching or download crates (ARCHITECTURE.md, "Invariants").
@@ -21,6 +23,9 @@ if cargo tree -p recall-engine -e normal --prefix none | grep -E '^(axum|tokio|r
   echo "recall-engine depends on an application crate (above)" >&2
   exit 1
 fi
+# The Python package: its wheel built and installed into a venv without
+# PyTorch, then its parity and API tests (scripts/python_test.sh).
+bash scripts/python_test.sh
 # A bounded hostile-input run against `recall serve`: malformed requests on
 # every route, slow clients, oversized bodies (prints its report).
 python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --requests 2000
@@ -31,7 +36,7 @@ python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --reques
 # CPUs; GPUs).
 # (The sweep over search's constants on the dev history is the same on every kernel: once is enough.)
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-  RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen cargo test "$@" --workspace --lib --test bge_m3_parity --test minilm --test eval \
+  RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen cargo test "$@" --workspace --exclude recall-python --lib --test bge_m3_parity --test minilm --test eval \
     -- --skip defaults_are_the_best_on_dev
 fi
 RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval --test q8_outliers \
