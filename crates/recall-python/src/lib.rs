@@ -13,6 +13,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use recall_engine::{Dtype, Embedder, Embedding, LoadOptions, Outputs, Tokens};
 
+// As in the binary (src/main.rs): candle allocates a fresh buffer for every
+// op's output; glibc serves large ones with new mmaps, whose pages the kernel
+// must zero on first touch. mimalloc reuses freed memory instead. Python's
+// own objects keep Python's allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A model loaded for embedding: BGE-M3 (dense, sparse, ColBERT) or a
 /// BERT-family sentence-transformers model (dense).
 #[pyclass(module = "recall_embed._native", frozen)]
