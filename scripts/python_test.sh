@@ -21,6 +21,7 @@ rm -rf target/wheels
 tests="$PWD/crates/recall-python/tests"
 # Run from outside the source tree, so that the installed package is the one imported.
 (cd "$venv" && bin/python -m unittest discover -s "$tests")
-# Then with the frameworks the adapters serve, from PyPI (still no PyTorch).
-"$venv/bin/pip" install -q --disable-pip-version-check langchain-core llama-index-core
-(cd "$venv" && RECALL_TEST_ADAPTERS=1 bin/python -m unittest discover -s "$tests" -v)
+# Then with the frameworks the adapters serve and Ray (a local cluster of
+# two workers), from PyPI (still no PyTorch).
+"$venv/bin/pip" install -q --disable-pip-version-check langchain-core llama-index-core "ray[data]"
+(cd "$venv" && RECALL_TEST_ADAPTERS=1 RECALL_TEST_RAY=1 bin/python -m unittest discover -s "$tests" -v)
