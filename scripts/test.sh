@@ -46,6 +46,9 @@ RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test e
 # product and without, and the evaluation's searches on a natively indexed
 # test history (scripts/aarch64.sh).
 bash scripts/aarch64.sh "$@"
+# The Python wheel cross-built for aarch64 and tested under qemu with
+# Debian's aarch64 CPython (scripts/python_aarch64.sh).
+bash scripts/python_aarch64.sh
 # macOS (Apple Silicon): clippy -D warnings for aarch64-apple-darwin, with
 # the Metal feature; type-checked, not linked (scripts/macos.sh).
 bash scripts/macos.sh

@@ -18,7 +18,9 @@ TEXTS = [f"message {i}: the server ran out of space on disk {i % 7}" for i in ra
 
 try:
     import ray
-except ImportError:
+
+    ray.init  # a directory named ray (Ray's temporary files) imports too
+except (ImportError, AttributeError):
     ray = None
 
 
