@@ -60,7 +60,33 @@ def _progress(total: int, show: bool) -> Optional[Callable[[int], None]]:
     return update
 
 
-class BGEM3:
+class _Loaded:
+    """A model loaded once by recall's engine; what both APIs share."""
+
+    def __init__(
+        self,
+        model_name_or_path: Union[str, "os.PathLike[str]", None] = None,
+        dtype: str = "f32",
+        threads: Optional[int] = None,
+        max_length: Optional[int] = None,
+    ) -> None:
+        self._model = _Model(locate(model_name_or_path), dtype, threads, max_length)
+
+    @property
+    def info(self) -> Dict[str, object]:
+        """What was loaded: path, model type, dimensions, dtype, max length."""
+        return self._model.info()
+
+    def __reduce__(self):
+        # By path and settings: each process that unpickles loads its own.
+        return (type(self), self._model.settings())
+
+    def __repr__(self) -> str:
+        info = self.info
+        return f"{type(self).__name__}({str(info['path'])!r}, dtype={info['dtype']!r})"
+
+
+class BGEM3(_Loaded):
     """A model directory (Hugging Face layout) loaded once for embedding.
 
     The model: a directory, a hub repository or short name in the Hugging
@@ -74,15 +100,6 @@ class BGEM3:
     The GIL is released while the engine runs; a model is picklable (by its
     path and settings: each process loads its own).
     """
-
-    def __init__(
-        self,
-        model_name_or_path: Union[str, "os.PathLike[str]", None] = None,
-        dtype: str = "f32",
-        threads: Optional[int] = None,
-        max_length: Optional[int] = None,
-    ) -> None:
-        self._model = _Model(locate(model_name_or_path), dtype, threads, max_length)
 
     def encode(
         self,
@@ -134,32 +151,11 @@ class BGEM3:
         q, p = np.asarray(q_reps, dtype=np.float32), np.asarray(p_reps, dtype=np.float32)
         return float((q @ p.T).max(axis=1).sum() / q.shape[0])
 
-    @property
-    def info(self) -> Dict[str, object]:
-        """What was loaded: path, model type, dimensions, dtype, max length."""
-        return self._model.info()
-
-    def __reduce__(self):
-        path, dtype, threads, max_length = self._model.settings()
-        return (BGEM3, (path, dtype, threads, max_length))
-
-    def __repr__(self) -> str:
-        info = self.info
-        return f"BGEM3({str(info['path'])!r}, dtype={info['dtype']!r})"
 
 
-class SentenceTransformer:
+class SentenceTransformer(_Loaded):
     """sentence-transformers' habits over the same engine: `encode` returns
     the dense vectors as one array. Arguments as `BGEM3`'s."""
-
-    def __init__(
-        self,
-        model_name_or_path: Union[str, "os.PathLike[str]", None] = None,
-        dtype: str = "f32",
-        threads: Optional[int] = None,
-        max_length: Optional[int] = None,
-    ) -> None:
-        self._model = _Model(locate(model_name_or_path), dtype, threads, max_length)
 
     def encode(
         self,
@@ -186,7 +182,3 @@ class SentenceTransformer:
     @property
     def max_seq_length(self) -> int:
         return int(self._model.info()["max_length"])
-
-    def __reduce__(self):
-        path, dtype, threads, max_length = self._model.settings()
-        return (SentenceTransformer, (path, dtype, threads, max_length))
