@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import tempfile
 import threading
 import unittest
@@ -111,6 +112,22 @@ class TinyBgeM3(unittest.TestCase):
         for a, b in zip(cut["colbert_vecs"], loaded["colbert_vecs"]):
             self.assertEqual(a.shape, b.shape)
             self.assertLessEqual(a.shape[0], 7)
+
+    def test_ctrl_c_stops_between_batches(self):
+        texts = [f"text {i} about disk space" for i in range(2000)]
+        done = []
+        main = threading.get_ident()
+        timer = threading.Timer(0.05, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                # `done.append` is C: no Python bytecode runs inside this
+                # call, so only the check between batches can see the
+                # signal before the last batch.
+                self.model._model.encode(texts, 1, None, (True, False, False), done.append)
+        finally:
+            timer.cancel()
+        self.assertLess(len(done), len(texts))
 
     def test_a_pickled_model_loads_again_and_agrees(self):
         again = pickle.loads(pickle.dumps(self.model))
