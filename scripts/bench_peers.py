@@ -108,12 +108,23 @@ def cache_dir():
 
 def onnx_paths(model_dir):
     """The f32 export of MODEL_DIR's encoder and its dynamic int8 quantisation, made once."""
+    f32 = onnx_f32(model_dir)
+    int8 = f32.with_name(f32.name.replace(".onnx", ".int8.onnx"))
+    if not int8.exists():
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        print(f"quantising {f32} to {int8} (once)", file=sys.stderr)
+        quantize_dynamic(str(f32), str(int8), weight_type=QuantType.QInt8, use_external_data_format=True)
+    return f32, int8
+
+
+def onnx_f32(model_dir):
+    """The f32 ONNX export of MODEL_DIR's encoder (last hidden state), made once."""
     import torch
     from transformers import AutoModel
 
     stamp = f"{Path(model_dir).resolve().name}-{int(os.path.getmtime(Path(model_dir) / 'config.json'))}"
     f32 = cache_dir() / f"{stamp}.onnx"
-    int8 = cache_dir() / f"{stamp}.int8.onnx"
     if not f32.exists():
         print(f"exporting {model_dir} to {f32} (once)", file=sys.stderr)
         model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
@@ -144,12 +155,7 @@ def onnx_paths(model_dir):
         m = onnx.load(str(tmp))
         onnx.save(m, str(f32), save_as_external_data=True, location=f32.name + ".data")
         scratch.cleanup()
-    if not int8.exists():
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        print(f"quantising {f32} to {int8} (once)", file=sys.stderr)
-        quantize_dynamic(str(f32), str(int8), weight_type=QuantType.QInt8, use_external_data_format=True)
-    return f32, int8
+    return f32
 
 
 def run_peer(peer, model_dir, shapes, runs, threads):

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Throughput and peak memory of recall's Python package beside `recall
 bench` (same model, dtype, shapes and threads, in one run) and, where they
-are installed, FlagEmbedding (PyTorch) and sentence-transformers.
+are installed, FlagEmbedding (PyTorch), fastembed (ONNX Runtime, on the
+f32 export scripts/bench_peers.py makes) and sentence-transformers.
 
     python scripts/bench_python.py --model models/bge-m3-random \\
         [--dtypes f32,bf16,q8] [--shapes 1x16,32x128,1x2048] [--runs 3] \\
-        [--recall target/release/recall] [--peers flagembedding,sentence-transformers]
+        [--recall target/release/recall] [--peers flagembedding,fastembed,sentence-transformers]
 
 Each measurement runs in a process of its own, so its peak memory is its
 own. A shape BATCHxTOKENS is BATCH inputs cut at TOKENS tokens (special
@@ -27,11 +28,21 @@ import time
 WORDS = "recall keeps an agent's memory on the machine it runs on ".split()
 
 
-def text(tokens):
-    """About twice `tokens` words: always cut at `tokens` by `max_length`,
-    and no more to tokenise than that needs (tokenizers read a text whole
-    before they cut it)."""
-    return " ".join(WORDS[i % len(WORDS)] for i in range(2 * tokens))
+def text(tokens, model):
+    """A text of `tokens` tokens with the model's tokenizer (special tokens
+    included), so that every implementation sees the same input whether or
+    not it can be told where to cut; without the `tokenizers` package,
+    about twice that many words (cut by `max_length`)."""
+    words = " ".join(WORDS[i % len(WORDS)] for i in range(2 * tokens))
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return words
+    tok = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    tok.no_truncation()
+    ids = tok.encode(words, add_special_tokens=False).ids
+    added = len(tok.encode("", add_special_tokens=True).ids)
+    return tok.decode(ids[: tokens - added])
 
 
 def shapes(spec):
@@ -42,8 +53,8 @@ def shapes(spec):
     return out
 
 
-def measure(encode, batch, tokens, runs):
-    texts = [text(tokens)] * batch
+def measure(encode, model, batch, tokens, runs):
+    texts = [text(tokens, model)] * batch
     encode(texts, batch, tokens)  # warm-up
     times = []
     for _ in range(runs):
@@ -86,10 +97,46 @@ def one(impl, model, dtype, spec, runs):
         def encode(texts, batch, tokens):
             m.max_seq_length = tokens
             m.encode(texts, batch_size=batch)
+    elif impl == "fastembed":
+        # fastembed's ONNX runtime on the export bench_peers.py makes of
+        # the same weights (f32 only), registered as a local custom model.
+        import tempfile
+
+        from fastembed import TextEmbedding
+        from fastembed.common.model_description import ModelSource, PoolingType
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_peers
+
+        if dtype != "f32":
+            raise SystemExit("fastembed runs the f32 export only")
+        onnx = bench_peers.onnx_f32(model)
+        local = tempfile.mkdtemp()
+        for name in ("tokenizer.json", "special_tokens_map.json", "config.json"):
+            os.symlink(os.path.abspath(os.path.join(model, name)), os.path.join(local, name))
+        # fastembed reads the pad token from tokenizer_config.json, where the
+        # real BGE-M3 has it and the random one's is bare.
+        with open(os.path.join(model, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        with open(os.path.join(model, "special_tokens_map.json")) as f:
+            config.setdefault("pad_token", json.load(f).get("pad_token", "<pad>"))
+        with open(os.path.join(local, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        for path in (onnx, onnx.with_name(onnx.name + ".data")):
+            os.symlink(path, os.path.join(local, path.name))
+        name = "recall-bench/" + os.path.basename(os.path.abspath(model))
+        TextEmbedding.add_custom_model(
+            model=name, pooling=PoolingType.CLS, normalization=True,
+            sources=ModelSource(hf=name), dim=1024, model_file=onnx.name,
+        )
+        m = TextEmbedding(name, specific_model_path=local, threads=os.cpu_count())
+
+        def encode(texts, batch, tokens):
+            list(m.embed(texts, batch_size=batch))
     else:
         raise SystemExit(f"unknown implementation {impl}")
     for batch, tokens in shapes(spec):
-        seconds = measure(encode, batch, tokens, runs)
+        seconds = measure(encode, model, batch, tokens, runs)
         print(json.dumps({"impl": impl, "dtype": dtype, "shape": f"{batch}x{tokens}",
                           "tokens_per_s": batch * tokens / seconds}), flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -113,7 +160,7 @@ def main():
     ap.add_argument("--shapes", default="1x16,32x128,1x2048")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--recall", default="target/release/recall")
-    ap.add_argument("--peers", default="flagembedding,sentence-transformers")
+    ap.add_argument("--peers", default="flagembedding,fastembed,sentence-transformers")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -130,7 +177,7 @@ def main():
             peaks[("recall bench", dtype)] = max(peaks.get(("recall bench", dtype), 0), r["peak_rss_bytes"])
         impls = ["recall_embed"] + [p for p in args.peers.split(",") if p]
         for impl in impls:
-            if impl != "recall_embed" and dtype == "q8":
+            if impl != "recall_embed" and dtype == "q8" or impl == "fastembed" and dtype != "f32":
                 continue
             results, error = child(args, impl, dtype)
             if error:
