@@ -1,3 +1,10 @@
+def shapes(spec):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_peers import shapes_of
+
+    return shapes_of(spec)
+
+
 #!/usr/bin/env python3
 """Throughput and peak memory of recall's Python package beside `recall
 bench` (same model, dtype, shapes and threads, in one run) and, where they

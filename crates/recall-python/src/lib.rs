@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use recall_engine::{Dtype, Embedder, Embedding, LoadOptions, Outputs, Tokens};
@@ -147,13 +147,7 @@ impl Model {
                 progress.call1((embedded.len(),))?;
             }
             // Ctrl-C lands here, between batches.
-            if let Err(e) = py.check_signals() {
-                return Err(if e.is_instance_of::<PyKeyboardInterrupt>(py) {
-                    e
-                } else {
-                    PyRuntimeError::new_err(e.to_string())
-                });
-            }
+            py.check_signals()?;
         }
         // FlagEmbedding's keys, each None where its output was not asked for.
         let result = PyDict::new(py);
