@@ -49,7 +49,7 @@ if [ -z "${RECALL_TEST_MINILM:-}" ]; then
 fi
 export RECALL_TEST_MINILM
 
-# The retrieval evaluation (tests/eval.rs). Indexing its test history under
+# The retrieval evaluation (tests/it/eval.rs). Indexing its test history under
 # qemu takes longer than CI has: qemu emulates floating point in software,
 # so f32 MiniLM runs about 45x slower than natively (one indexing ran past
 # 14 minutes with 45 of 305 messages done). So the history is written and
@@ -57,28 +57,31 @@ export RECALL_TEST_MINILM
 # floors: every query embedded by the NEON tile, and the ranking,
 # sqlite-vec's distances and the binary first pass run on aarch64 (about 7
 # minutes). Its passages' vectors are the parity tests' (f32 within 1e-5 of
-# sentence-transformers). RECALL_AARCH64_EVAL=1 runs all of tests/eval.rs
+# sentence-transformers). RECALL_AARCH64_EVAL=1 runs all of tests/it/eval.rs
 # under qemu instead, indexing included (slow).
 if [ -z "${RECALL_TEST_HERMES_PYTHON:-}" ]; then
   RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
 fi
 export RECALL_TEST_HERMES_PYTHON
-tests=(--workspace --exclude recall-python --lib --test bge_m3_parity --test minilm)
+lib=(--workspace --exclude recall-python --lib)
+it=(bge_m3_parity:: minilm::)
 if [ "${RECALL_AARCH64_EVAL:-0}" = 1 ]; then
-  tests+=(--test eval)
+  it+=(eval::)
 else
   eval_dir="$(mktemp -d)"
   trap 'rm -rf "$eval_dir"' EXIT
-  floors=search_holds_its_floors_on_the_test_history
-  RECALL_EVAL_DIR="$eval_dir" cargo test "$@" --test eval -- "$floors"
+  floors=eval::search_holds_its_floors_on_the_test_history
+  RECALL_EVAL_DIR="$eval_dir" cargo test "$@" --test it -- "$floors"
   RECALL_EVAL_DIR="$eval_dir" CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max" \
-    cargo test --target "$target" "$@" --test eval -- "$floors"
+    cargo test --target "$target" "$@" --test it -- "$floors"
 fi
-CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max" \
-  cargo test --target "$target" "$@" "${tests[@]}" -- --skip defaults_are_the_best_on_dev
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max"
+cargo test --target "$target" "$@" "${lib[@]}"
+cargo test --target "$target" "$@" --test it -- "${it[@]}" --skip defaults_are_the_best_on_dev
 for cpu in neoverse-n1 cortex-a72; do
-  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu $cpu" \
-    cargo test --target "$target" "$@" --workspace --exclude recall-python --lib --test bge_m3_parity -- quant q8
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu $cpu"
+  cargo test --target "$target" "$@" "${lib[@]}" -- quant q8
+  cargo test --target "$target" "$@" --test it -- bge_m3_parity::q8
 done
 
 # The binary says which kernels it picked on each.

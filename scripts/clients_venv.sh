@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Python venv with the real embedding clients that `recall serve` must
 # serve unchanged (openai, ollama, LangChain's OpenAIEmbeddings and
-# OllamaEmbeddings), used by tests/serve.rs. Prints the venv's python on its
+# OllamaEmbeddings), used by tests/it/serve.rs. Prints the venv's python on its
 # last line.
 set -euo pipefail
 cache="${RECALL_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/recall-test}"

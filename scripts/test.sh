@@ -36,11 +36,13 @@ python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --reques
 # CPUs; GPUs).
 # (The sweep over search's constants on the dev history is the same on every kernel: once is enough.)
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-  RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen cargo test "$@" --workspace --exclude recall-python --lib --test bge_m3_parity --test minilm --test eval \
-    -- --skip defaults_are_the_best_on_dev
+  export RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen
+  cargo test "$@" --workspace --exclude recall-python --lib
+  cargo test "$@" --test it -- bge_m3_parity:: minilm:: eval:: --skip defaults_are_the_best_on_dev
+  unset RECALL_MATMUL RECALL_Q8 RECALL_BF16
 fi
-RECALL_MATMUL=candle cargo test "$@" --test bge_m3_parity --test minilm --test eval --test q8_outliers \
-  -- --skip defaults_are_the_best_on_dev
+RECALL_MATMUL=candle cargo test "$@" --test it \
+  -- bge_m3_parity:: minilm:: eval:: q8_outliers:: --skip defaults_are_the_best_on_dev
 # aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, clippy for
 # that target, the unit and parity tests under qemu-aarch64 with the dot
 # product and without, and the evaluation's searches on a natively indexed

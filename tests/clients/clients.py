@@ -2,7 +2,7 @@
 
 Usage: clients.py BASE_URL TEXTS_JSON
 Prints one JSON object: each client's vectors for TEXTS (and errors it saw),
-for tests/serve.rs to compare with `recall embed`.
+for tests/it/serve.rs to compare with `recall embed`.
 """
 import base64
 import json

@@ -14,7 +14,7 @@ part-0.json is the first, smaller evaluation, whose queries recall's earlier
 minimum score was calibrated on: it is dev as a whole. Every other group goes
 to dev or test by a hash of its name, so the split never changes when a
 constant does. tests/hermes/hermes_db.py `eval-create` writes a history into
-a Hermes database with the real Hermes SessionDB; tests/eval.rs scores it.
+a Hermes database with the real Hermes SessionDB; tests/it/eval.rs scores it.
 """
 
 import hashlib

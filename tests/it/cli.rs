@@ -3,12 +3,10 @@
 //! colour conventions, `--json` on every command that reports (and JSON
 //! errors), -q/-v, `--version`, and dates.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 fn json_of(text: &str) -> Value {

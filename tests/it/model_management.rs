@@ -2,8 +2,6 @@
 //! a local HTTP server that serves the tiny model in the hub's URL layout
 //! (`/{repo}/resolve/{revision}/{file}`, ranged GETs, LFS ETags).
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -11,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use sha2::{Digest, Sha256};
 
 const COMMIT: &str = "5617a9f61b028005a4858fdac845db406aefb181";

@@ -1,8 +1,6 @@
 //! Chunking long messages into windows the model takes whole.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use recall::index::chunk::{ChunkParams, MAX_CHUNKS_PER_MESSAGE, chunk};
 use recall_engine::tokenize::TextTokenizer;
 

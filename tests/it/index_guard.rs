@@ -3,11 +3,9 @@
 //! at any other file leaves it byte-identical; a damaged index is named and
 //! `--rebuild` recovers from it; a failed first run leaves no index behind.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use recall::index::guard::{self, Found};
 use recall::index::store::Store;
 use rusqlite::Connection;

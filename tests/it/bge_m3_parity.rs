@@ -2,11 +2,9 @@
 //! with BGE-M3's exact structure (models/tiny-bge-m3, written with its
 //! reference by scripts/make_tiny_bge_m3.py).
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use recall_engine::{Embedder, LoadOptions, Outputs, score};
 use serde::Deserialize;
 

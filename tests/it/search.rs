@@ -1,12 +1,10 @@
 //! `recall search` and `recall show` on a history written by the real Hermes,
 //! indexed with the real all-MiniLM-L6-v2.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// One indexed history shared by the tests (indexing it once).

@@ -3,12 +3,10 @@
 //! and ColBERT routes; errors in each client's shape; limits, API key,
 //! backpressure, batching across requests, graceful shutdown; /search.
 
-mod common;
-
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const TEXTS: &[&str] = &[

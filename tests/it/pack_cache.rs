@@ -3,11 +3,9 @@
 //! file is packed again, and a cache that cannot be written costs only
 //! speed.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::tiny_model_copy;
+use crate::common::tiny_model_copy;
 use recall_engine::{Dtype, Embedder, LoadOptions, Outputs};
 
 const TEXTS: &[&str] = &[

@@ -4,12 +4,10 @@
 //! hook runs; a second install changes nothing; uninstall leaves
 //! config.yaml byte for byte as it was.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const CONFIG: &str = "# my Hermes settings\nmodel:\n  default: anthropic/claude-sonnet-4   # the good one\nplugins:\n  # what I enabled myself\n  enabled:\n  - other-plugin\n";

@@ -2,14 +2,12 @@
 //! edits and deletions are searchable within seconds; a database that
 //! appears later, or is replaced by another file, is followed.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 struct Watcher(Child);
 

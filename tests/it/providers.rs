@@ -3,8 +3,6 @@
 //! model), behind a fault-injecting proxy, in a fallback chain, refused when
 //! of another vector space, and keyword-only search when none is up.
 
-mod common;
-
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use recall::index::store::Store;
 use recall::provider::{Chain, Config, Input, Kind, Provider, Vector};
 use serde_json::{Value, json};

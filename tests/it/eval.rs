@@ -8,12 +8,10 @@
 //! search, a naive best-passage baseline and Hermes's own FTS5
 //! `session_search` (the real hermes-agent code) on the same database.
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use recall::index::store::Store;
 use recall::search::rank::Ranking;
 use recall::search::vector::Strategy;

@@ -2,13 +2,11 @@
 //! (hermes-agent==0.19.0's SessionDB, driven by tests/hermes/hermes_db.py),
 //! and on the v5 and v30 schemas built from their DDL.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 use recall::index::store::Store;
 use rusqlite::Connection;
 use serde_json::Value;

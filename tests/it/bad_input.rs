@@ -1,12 +1,10 @@
 //! Broken model directories and bad input: a clear error naming the problem, never a panic.
 
-mod common;
-
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 fn load_error(dir: &Path) -> String {
     let cache = tempfile::tempdir().unwrap();
