@@ -8,11 +8,12 @@
 //! search, a naive best-passage baseline and Hermes's own FTS5
 //! `session_search` (the real hermes-agent code) on the same database.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
 use recall::index::store::Store;
+use recall::provider::Provider;
 use recall::search::rank::Ranking;
 use recall::search::vector::Strategy;
 use recall::search::{self, SearchOptions, SessionHit, Signals};
@@ -90,8 +91,65 @@ fn eval_home(root: &Path, split: &str) -> (PathBuf, Corpus) {
 /// An indexed history and the engine that answers its queries.
 struct Ranker {
     store: Store,
-    embedder: std::sync::Arc<recall::Embedder>,
+    embedder: Queries,
     corpus: Corpus,
+}
+
+/// The engine, each query embedded once: the sweeps ask every query again
+/// under each constant, more queries than search's own cache keeps.
+struct Queries {
+    engine: std::sync::Arc<recall::Embedder>,
+    seen: std::sync::Mutex<HashMap<(String, [bool; 3]), recall_engine::Embedding>>,
+}
+
+impl Queries {
+    fn new(engine: std::sync::Arc<recall::Embedder>) -> Self {
+        Self {
+            engine,
+            seen: Default::default(),
+        }
+    }
+}
+
+impl Provider for Queries {
+    fn name(&self) -> &str {
+        Provider::name(&*self.engine)
+    }
+    fn kind(&self) -> recall::provider::Kind {
+        Provider::kind(&*self.engine)
+    }
+    fn describe(&self) -> String {
+        Provider::describe(&*self.engine)
+    }
+    fn identity(&self) -> Result<recall::space::Identity, recall::provider::Error> {
+        Provider::identity(&*self.engine)
+    }
+    fn embed(
+        &self,
+        inputs: &[recall::provider::Input],
+        sparse: bool,
+    ) -> Result<Vec<recall::provider::Vector>, recall::provider::Error> {
+        Provider::embed(&*self.engine, inputs, sparse)
+    }
+    fn capabilities(&self) -> recall::provider::Capabilities {
+        Provider::capabilities(&*self.engine)
+    }
+    fn embed_query(
+        &self,
+        query: &str,
+        outputs: recall_engine::Outputs,
+    ) -> Result<recall_engine::Embedding, recall::provider::Error> {
+        let key = (
+            query.to_string(),
+            [outputs.dense, outputs.sparse, outputs.colbert],
+        );
+        if let Some(e) = self.seen.lock().unwrap().get(&key) {
+            return Ok(e.clone());
+        }
+        let e = Provider::embed_query(&*self.engine, query, outputs)?;
+        self.seen.lock().unwrap().insert(key, e.clone());
+        Ok(e)
+    }
 }
 
 impl Ranker {
@@ -108,7 +166,7 @@ impl Ranker {
         let store = Store::open(&home.join("recall/index.db")).unwrap();
         Self {
             store,
-            embedder,
+            embedder: Queries::new(embedder),
             corpus,
         }
     }
@@ -124,7 +182,7 @@ impl Ranker {
             .iter()
             .map(|q| {
                 let (hits, _) =
-                    search::search(&self.store, Some(&*self.embedder), &q.query, &options).unwrap();
+                    search::search(&self.store, Some(&self.embedder), &q.query, &options).unwrap();
                 (q.query.clone(), hits)
             })
             .collect()
@@ -581,9 +639,9 @@ fn q8_and_bf16_keep_hit_at_5() {
         }
     }
     let f32_index = Ranker {
-        embedder: std::sync::Arc::new(
+        embedder: Queries::new(std::sync::Arc::new(
             load_as(&minilm_dir(), cache.path(), recall::Dtype::Bf16).unwrap(),
-        ),
+        )),
         ..f32_ranker.unwrap()
     };
     table.push(hit_table("bf16 queries, f32 index", &f32_index));
