@@ -216,6 +216,13 @@ impl Store {
         let mut conn = Connection::open(path)
             .with_context(|| format!("cannot open the index {}", path.display()))?;
         conn.busy_timeout(Duration::from_secs(10))?;
+        // Search runs the same few statements for every candidate passage;
+        // without the stability guarantee SQLite re-plans a join on each new
+        // bound value (the passage read was recompiled on every call).
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            true,
+        )?;
         // Write transactions take the write lock when they begin, where the
         // busy timeout waits for it; a deferred one that reads first gets
         // SQLITE_BUSY at once when another writer got there in between.
