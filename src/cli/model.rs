@@ -401,6 +401,8 @@ fn list(json: bool) -> Result<()> {
     let hub_cache = locate::hub_cache_dir().context("cannot find the Hugging Face cache")?;
     let default = locate::locate(None).ok();
     let mut any = false;
+    // `--json` is one array, empty too, so a script always gets JSON.
+    let mut listed = Vec::new();
     for entry in std::fs::read_dir(&hub_cache)
         .into_iter()
         .flatten()
@@ -428,14 +430,11 @@ fn list(json: bool) -> Result<()> {
                 "dense"
             };
             if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "repo": repo, "revision": revision, "default": is_default,
-                        "bytes": dir_size(&dir), "dimension": files.encoder.hidden_size,
-                        "outputs": outputs.split('+').collect::<Vec<_>>(), "dir": dir,
-                    })
-                );
+                listed.push(serde_json::json!({
+                    "repo": repo, "revision": revision, "default": is_default,
+                    "bytes": dir_size(&dir), "dimension": files.encoder.hidden_size,
+                    "outputs": outputs.split('+').collect::<Vec<_>>(), "dir": dir,
+                }));
                 continue;
             }
             println!(
@@ -447,7 +446,9 @@ fn list(json: bool) -> Result<()> {
             );
         }
     }
-    if !any && !json {
+    if json {
+        println!("{}", serde_json::Value::Array(listed));
+    } else if !any {
         println!(
             "no usable model in {} (fetch one with `recall model fetch`)",
             hub_cache.display()

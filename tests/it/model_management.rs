@@ -306,6 +306,10 @@ fn fetch_never_writes_where_a_mirror_points() {
 fn fetch_resumes_an_interrupted_download_and_verifies() {
     let hub = Hub::start(&[], Some(("pytorch_model.bin", 50_000)));
     let m = Machine::new();
+    // No model yet: still JSON for a script, an empty list.
+    let (ok, out, err) = m.recall(&["model", "list", "--json"], &[]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "[]");
     let endpoint = [("HF_ENDPOINT", hub.url.as_str())];
     let (ok, _, err) = m.recall(&["model", "fetch", "--retries", "0"], &endpoint);
     assert!(!ok, "the interrupted transfer fails this run");
@@ -380,6 +384,8 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     let (ok, out, err) = m.recall(&["model", "list", "--json"], &[]);
     assert!(ok, "{err}");
     let listed: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    let listed = &listed[0];
     assert_eq!(listed["revision"], COMMIT, "{listed}");
     assert_eq!(listed["default"], true, "{listed}");
     assert_eq!(
