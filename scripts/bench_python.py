@@ -1,10 +1,3 @@
-def shapes(spec):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_peers import shapes_of
-
-    return shapes_of(spec)
-
-
 #!/usr/bin/env python3
 """Throughput and peak memory of recall's Python package beside `recall
 bench` (same model, dtype, shapes and threads, in one run) and, where they
@@ -53,11 +46,10 @@ def text(tokens, model):
 
 
 def shapes(spec):
-    out = []
-    for item in spec.split(","):
-        batch, tokens = item.lower().split("x")
-        out.append((int(batch), int(tokens)))
-    return out
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_peers import shapes_of
+
+    return shapes_of(spec)
 
 
 def measure(encode, model, batch, tokens, runs):
