@@ -96,7 +96,8 @@ struct Ranker {
 }
 
 /// The engine, each query embedded once: the sweeps ask every query again
-/// under each constant, more queries than search's own cache keeps.
+/// under each constant, more queries than search's own cache keeps. Every
+/// other method is the engine's own, so search sees no other provider.
 struct Queries {
     engine: std::sync::Arc<recall::Embedder>,
     seen: std::sync::Mutex<HashMap<(String, [bool; 3]), recall_engine::Embedding>>,
@@ -133,6 +134,19 @@ impl Provider for Queries {
     }
     fn capabilities(&self) -> recall::provider::Capabilities {
         Provider::capabilities(&*self.engine)
+    }
+    fn tokenizer(&self) -> Option<&recall_engine::tokenize::TextTokenizer> {
+        Provider::tokenizer(&*self.engine)
+    }
+    fn model_dir(&self) -> Option<&Path> {
+        Provider::model_dir(&*self.engine)
+    }
+    fn embed_outputs(
+        &self,
+        texts: &[&str],
+        outputs: recall_engine::Outputs,
+    ) -> Result<Vec<recall_engine::Embedding>, recall::provider::Error> {
+        Provider::embed_outputs(&*self.engine, texts, outputs)
     }
     fn embed_query(
         &self,
