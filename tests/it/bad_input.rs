@@ -355,3 +355,27 @@ fn a_huge_message_is_indexed_up_to_its_cap() {
     assert!(ok, "{err}");
     assert!(out.contains("cut short:        1 messages"), "{out}");
 }
+
+/// A kernel override set to a value recall does not have is an error naming
+/// the accepted ones, before anything is embedded; a known one works.
+#[test]
+fn an_unknown_kernel_override_is_named() {
+    let model = tiny_model_dir();
+    let model = model.to_str().unwrap();
+    for (var, value, accepted) in [
+        ("RECALL_Q8", "Portable", "avx2, sdot, portable"),
+        ("RECALL_MATMUL", "avx512", "avx2, candle"),
+        ("RECALL_BF16", "yes", "widen"),
+    ] {
+        let (code, out, err) = recall_env(&["embed", "--model", model, "x"], &[(var, value)]);
+        assert_eq!(code, 1, "{var}={value}: {err}");
+        assert!(out.is_empty());
+        assert_contains(&err, &[&format!("{var}=\"{value}\""), accepted]);
+    }
+    let (code, out, err) = recall_env(
+        &["embed", "--model", model, "x"],
+        &[("RECALL_Q8", "portable")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with('{'));
+}

@@ -18,8 +18,7 @@ use crate::kernels::matmul::{Dst, PackedLinear, packed_available};
 use crate::kernels::quant::QLinear;
 
 /// Scores per query block: 1 MiB, so the block is still in L2 when the
-/// softmax and `P · V` read it back (at 2048 tokens 188-199 tokens/s
-/// against 176-184 with 16 MiB blocks).
+/// softmax and `P · V` read it back (docs/benchmarks.md, "Choices").
 const MAX_SCORES: usize = 256 << 10;
 
 /// How `Q · Kᵀ` is computed.
@@ -28,9 +27,9 @@ pub enum Scores {
     /// f32, the panel kernel: needs `packed_available()`.
     F32,
     /// Keys quantised per key, queries per row: the int8 kernels. `P · V`
-    /// stays f32: quantising the probabilities too was faster (1×2048: 415
-    /// against 360 tokens/s) but cost MiniLM 0.98 cosine on a 256-token
-    /// input.
+    /// stays f32: quantising the probabilities too is faster on long inputs
+    /// but costs more fidelity than q8's bar allows (docs/benchmarks.md,
+    /// "Choices").
     Q8,
     /// Keys and values in bf16 (`crate::kernels::bf16`), sums in f32.
     Bf16,
@@ -121,15 +120,21 @@ pub fn attention(
                     .to_vec1::<f32>()?,
             };
             for (i, c) in context.chunks(d).enumerate() {
-                // SAFETY: row offset + start + i, columns col..col + d: this
-                // task's alone, inside `out`.
+                // SAFETY: row offset + start + i < total, so the offset lies
+                // inside `out`'s total × h floats of capacity.
                 let o = unsafe { dst.at((offset + start + i) * h + col) };
+                // SAFETY: `context` is n × d floats, so `c` is d of them;
+                // `o` is row offset + start + i, columns col..col + d <= h,
+                // of `out`: this task's alone (its input's rows, its head's
+                // columns), and no part of `context`.
                 unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), o, d) };
             }
         }
         Ok::<(), candle_core::Error>(())
     })?;
-    // SAFETY: the tasks (all of them succeeded) wrote every element.
+    // SAFETY: the capacity is total × h, and the tasks (all of them
+    // succeeded, or `?` returned) wrote every row of their head's columns,
+    // for every input and head: all total × h floats.
     unsafe { out.set_len(total * h) };
     Ok(out)
 }

@@ -87,7 +87,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             dtype: Dtype::F32,
             cache_dir: None,
-            pack_cache: std::env::var_os("RECALL_PACK_CACHE").is_none_or(|v| v != "off"),
+            pack_cache: crate::env::PACK_CACHE.get().is_none_or(|v| v != "off"),
         }
     }
 }
@@ -150,6 +150,7 @@ impl Embedder {
 
     fn load_anyhow(dir: &Path, options: &LoadOptions) -> anyhow::Result<Self> {
         let started = Instant::now();
+        crate::kernels::check_overrides().map_err(anyhow::Error::msg)?;
         let files = ModelFiles::inspect(dir)?;
         let model_max_length = files.max_tokens();
         let max_length = match options.max_length {

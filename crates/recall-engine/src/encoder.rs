@@ -323,8 +323,8 @@ impl Encoder {
         // On a rayon worker, each parallel op inside the layer puts its
         // tasks on the pool's own queues; from any other thread, every op
         // hands its work over and sleeps until it is done: two wake-ups per
-        // op, a few hundred per forward pass. A 16-token query took 78-92 ms
-        // instead of 90-113 (q8: 24-34 against 31-43). GPUs keep their
+        // op, a few hundred per forward pass, a large share of a short
+        // query's time (docs/benchmarks.md, "Choices"). GPUs keep their
         // thread.
         if self.device.is_cpu() {
             rayon::scope(|_| forward())

@@ -38,6 +38,7 @@ mod dtype;
 pub mod embedder;
 mod embeddings;
 pub mod encoder;
+pub mod env;
 mod error;
 pub mod heads;
 pub mod kernels;

@@ -42,10 +42,16 @@ const ALIGN: usize = 64;
 /// # Safety
 /// Implement only for such types.
 pub unsafe trait Plain: Copy + Send + Sync + 'static {}
-// SAFETY: all four are plain numbers of every bit pattern.
+// SAFETY: a primitive number, 4 bytes without padding; every bit pattern is
+// an f32 (NaNs included).
 unsafe impl Plain for f32 {}
+// SAFETY: a primitive integer, 1 byte; every bit pattern is an i8.
 unsafe impl Plain for i8 {}
+// SAFETY: a primitive integer, 4 bytes without padding; every bit pattern
+// is an i32.
 unsafe impl Plain for i32 {}
+// SAFETY: `half::bf16` is `#[repr(transparent)]` over a u16: 2 bytes
+// without padding, every bit pattern a value.
 unsafe impl Plain for half::bf16 {}
 
 /// A packed layer's elements: built in this process, or read from a pack
@@ -69,7 +75,8 @@ impl<E: Plain> Slab<E> {
     /// The elements' bytes, to write to a pack file.
     pub fn bytes(&self) -> &[u8] {
         let elements: &[E] = self;
-        // SAFETY: `Plain` types have no padding; any memory is valid bytes.
+        // SAFETY: the same memory as `elements`, for as long; `Plain` types
+        // have no padding, so every byte of it is initialised.
         unsafe {
             std::slice::from_raw_parts(elements.as_ptr().cast(), std::mem::size_of_val(elements))
         }
@@ -88,12 +95,16 @@ impl<E: Plain> std::ops::Deref for Slab<E> {
     fn deref(&self) -> &[E] {
         match self {
             Self::Owned(v) => v,
-            // SAFETY: `Reader::take`, the only maker of a MappedPart,
-            // checked that `start` is aligned for E and that `len` elements
-            // lie inside the map; every bit pattern is an E (`Plain`).
             Self::Mapped(MappedPart {
                 map, start, len, ..
-            }) => unsafe { std::slice::from_raw_parts(map.as_ptr().add(*start).cast(), *len) },
+            }) => {
+                // SAFETY: `Reader::take`, the only maker of a MappedPart,
+                // checked that `start` is aligned for E and that `len`
+                // elements lie inside the map, which lives as long as
+                // `self` (its Arc) and is read-only; every bit pattern is
+                // an E (`Plain`).
+                unsafe { std::slice::from_raw_parts(map.as_ptr().add(*start).cast(), *len) }
+            }
         }
     }
 }

@@ -5,19 +5,19 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use crate::env;
+
 /// `$HOME`, when set and not empty.
 pub fn home_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+    env::HOME.get().map(PathBuf::from)
 }
 
 /// recall's own cache (converted weights): `$RECALL_CACHE_DIR`, `$XDG_CACHE_HOME/recall` or `~/.cache/recall`.
 pub fn recall_cache_dir() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("RECALL_CACHE_DIR").filter(|v| !v.is_empty()) {
+    if let Some(dir) = env::CACHE_DIR.get() {
         return Ok(PathBuf::from(dir));
     }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+    if let Some(dir) = env::XDG_CACHE_HOME.get() {
         return Ok(PathBuf::from(dir).join("recall"));
     }
     Ok(home_dir()

@@ -6,8 +6,8 @@
 //! everything between the linear layers (LayerNorm, softmax, GELU, the
 //! heads) stays f32.
 //!
-//! On CPUs with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and
-//! Sapphire Rapids and later) the tile is `vdpbf16ps`: the inputs are
+//! On CPUs with AVX512_BF16 (docs/bf16.md names them) the tile is
+//! `vdpbf16ps`: the inputs are
 //! rounded to bf16 as well, and one instruction sums 16 lanes × 2 products
 //! into f32, twice an f32 FMA's work. The weights are packed for it in
 //! pairs of input positions: panels of 64 output columns, and within a
@@ -50,7 +50,7 @@ impl Bf16Kernel {
         static KERNEL: std::sync::OnceLock<Option<Bf16Kernel>> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
             let packed = PackedKernel::get()?;
-            let widen = super::overrides().bf16.as_deref() == Some("widen");
+            let widen = super::overrides().bf16 == Some(super::Bf16Override::Widen);
             if !widen && packed == PackedKernel::Avx512 && super::cpu().avx512_bf16 {
                 return Some(Bf16Kernel::Dot);
             }
@@ -141,7 +141,9 @@ fn this_cpu() -> Bf16Kernel {
     Bf16Kernel::get().expect("a bf16 layer on a CPU without AVX2 or AVX-512")
 }
 
-/// The weight packed for the `vdpbf16ps` tile.
+/// The weight packed for the `vdpbf16ps` tile. Its makers (`pack_with`,
+/// `restore`) assert that this CPU has AVX512_BF16, so `matmul_t` may run
+/// that tile.
 pub struct DotLinear {
     n: usize,
     k: usize,
@@ -185,6 +187,10 @@ impl DotLinear {
         fill: impl Fn(&mut [bf16], std::ops::Range<usize>) + Sync,
     ) -> Self {
         use rayon::prelude::*;
+        assert!(
+            super::cpu().avx512_bf16,
+            "a DotLinear on a CPU without AVX512_BF16"
+        );
         let kp = k.next_multiple_of(PAIR);
         let mut packed = vec![bf16::ZERO; n.next_multiple_of(PANEL) * kp];
         packed
@@ -200,6 +206,10 @@ impl DotLinear {
     }
 
     fn restore(reader: &mut Reader, n: usize, k: usize) -> Result<Self> {
+        assert!(
+            super::cpu().avx512_bf16,
+            "a DotLinear on a CPU without AVX512_BF16"
+        );
         let kp = k.next_multiple_of(PAIR);
         Ok(Self {
             n,
@@ -216,7 +226,9 @@ impl DotLinear {
         if m == 0 || n == 0 || k == 0 {
             return vec![0f32; m * n];
         }
-        let xb = to_bf16_rows(x, m, k, kp);
+        // SAFETY: this DotLinear's maker asserted AVX512_BF16 (which implies
+        // AVX-512F: `cpu()`).
+        let xb = unsafe { to_bf16_rows(x, m, k, kp) };
         let mut out = Vec::<f32>::with_capacity(m * np);
         let dst = Dst(out.as_mut_ptr());
         for_each_tile(m, np, kp, |at| {
@@ -234,17 +246,20 @@ impl DotLinear {
                 x: &xr,
                 block: self.packed[block..].as_ptr(),
                 pairs: depth / PAIR,
-                // SAFETY: rows i..i + rows of `out` (np wide) exist, and
-                // panel p's columns are this task's alone.
+                // SAFETY: i < m, so the offset lies inside `out`'s m × np
+                // floats of capacity; rows i..i + rows (at most m) of it,
+                // in panel p's columns, are this task's alone.
                 out: unsafe { dst.at(i * np + p * PANEL) },
                 stride: np,
                 rows,
                 accumulate: d > 0,
                 ahead: share(next, at.t, at.tiles),
             };
-            // SAFETY: a DotLinear is built only where `Bf16Kernel::Dot`
-            // runs; the pointers hold what `DotTile` says (kp and every
-            // block's depth are whole pairs).
+            // SAFETY: this DotLinear's maker asserted AVX512_BF16 (and so
+            // AVX-512F); the pointers hold what `DotTile` says: each x row
+            // of `xb` has kp - d >= depth values from d, the block is pairs
+            // d / PAIR.. of panel p, `depth / PAIR × PANEL × PAIR` weights
+            // (kp and every block's depth are whole pairs), `out` as above.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 tile_dot(&tile)
@@ -252,7 +267,8 @@ impl DotLinear {
             #[cfg(not(target_arch = "x86_64"))]
             let _ = tile;
         });
-        // SAFETY: the tiles wrote every element of the m rows.
+        // SAFETY: the capacity is m × np, and the tasks, one per panel,
+        // wrote every row of their PANEL columns: all m × np floats.
         unsafe { out.set_len(m * np) };
         without_padding(out, np, n)
     }
@@ -265,14 +281,17 @@ fn offset(c: usize, d: usize) -> usize {
 
 /// `x: [m, k]` rounded to bf16, rows `kp` wide (zero past `k`), on a CPU
 /// with AVX512_BF16 (`DotLinear` is built only there).
-fn to_bf16_rows(x: &[f32], m: usize, k: usize, kp: usize) -> Vec<bf16> {
+///
+/// # Safety
+/// On x86-64, the CPU has AVX-512F and AVX512_BF16.
+unsafe fn to_bf16_rows(x: &[f32], m: usize, k: usize, kp: usize) -> Vec<bf16> {
     use rayon::prelude::*;
     let mut out = vec![bf16::ZERO; m * kp];
     out.par_chunks_mut(kp)
         .zip(x.par_chunks(k))
         .with_min_len(16)
         .for_each(|(o, row)| {
-            // SAFETY: see above.
+            // SAFETY: the caller promised AVX-512F and AVX512_BF16.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 round_row(&mut o[..row.len()], row)
@@ -285,22 +304,22 @@ fn to_bf16_rows(x: &[f32], m: usize, k: usize, kp: usize) -> Vec<bf16> {
     out
 }
 
-/// `row` rounded to bf16 (nearest, ties to even), 16 at a time: the
-/// softmax's probabilities alone are 64 M values per layer at 2048 tokens.
-///
-/// # Safety
-/// AVX-512F and AVX512_BF16; `out` as long as `row`.
+/// `row` rounded to bf16 (nearest, ties to even), 16 at a time, into
+/// `out` (as far as both go): the softmax's probabilities alone are 64 M
+/// values per layer at 2048 tokens.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn round_row(out: &mut [bf16], row: &[f32]) {
+fn round_row(out: &mut [bf16], row: &[f32]) {
     use std::arch::x86_64::{__m256i, _mm256_storeu_si256, _mm512_cvtneps_pbh, _mm512_loadu_ps};
-    let whole = row.len() / 16 * 16;
-    unsafe {
-        for i in (0..whole).step_by(16) {
-            let v = _mm512_cvtneps_pbh(_mm512_loadu_ps(row.as_ptr().add(i)));
-            let v: __m256i = std::mem::transmute(v);
-            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, v);
-        }
+    let whole = row.len().min(out.len()) / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        // SAFETY: i + 16 <= whole <= row.len().
+        let v = _mm512_cvtneps_pbh(unsafe { _mm512_loadu_ps(row.as_ptr().add(i)) });
+        // SAFETY: 16 bf16 as 32 bytes: the same size, every bit pattern
+        // valid for both.
+        let v: __m256i = unsafe { std::mem::transmute(v) };
+        // SAFETY: i + 16 <= whole <= out.len(); an unaligned store.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, v) };
     }
     for (o, &v) in out[whole..].iter_mut().zip(&row[whole..]) {
         *o = bf16::from_f32(v);
@@ -311,11 +330,13 @@ unsafe fn round_row(out: &mut [bf16], row: &[f32]) {
 /// (the others repeat the last) and the PANEL columns of a block.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct DotTile<'a> {
+    /// PANEL_ROWS rows of `2 · pairs` values.
     x: &'a [*const bf16; PANEL_ROWS],
     /// `pairs` × PANEL × PAIR weights.
     block: *const bf16,
     pairs: usize,
-    /// `rows` rows of PANEL floats, `stride` apart.
+    /// `rows` rows of PANEL floats, `stride` apart, this tile's alone
+    /// while it runs, and initialised if `accumulate`.
     out: *mut f32,
     stride: usize,
     rows: usize,
@@ -334,6 +355,12 @@ struct DotTile<'a> {
 unsafe fn tile_dot(t: &DotTile) {
     use std::arch::x86_64::*;
     const REGS: usize = PANEL / 16;
+    // SAFETY: the pointers as `DotTile` says (the caller's promise): pair
+    // j < pairs of the block is PANEL × PAIR bf16 at j·PANEL·PAIR, 4 loads
+    // of 64 bytes; positions 2j, 2j + 1 of each x row, 4 bytes read
+    // unaligned; `out` is the `rows` rows that `accumulators512` and
+    // `store512` need. The transmutes turn 512-bit vectors into 512-bit
+    // vectors of 32 bf16, every bit pattern valid for both.
     unsafe {
         let mut acc = accumulators512(t.out, t.stride, t.rows, t.accumulate);
         let ahead =
@@ -429,7 +456,8 @@ mod tests {
             1.9999999,
         ];
         x.extend(values(33, 7919, 3.0));
-        let got = to_bf16_rows(&x, 1, x.len(), x.len() + 1);
+        // SAFETY: AVX512_BF16 (and so AVX-512F) was found above.
+        let got = unsafe { to_bf16_rows(&x, 1, x.len(), x.len() + 1) };
         let want: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
         assert_eq!(&got[..x.len()], &want[..]);
         assert_eq!(got[x.len()], bf16::ZERO);

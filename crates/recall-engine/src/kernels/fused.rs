@@ -33,10 +33,11 @@ pub(crate) fn softmax(row: &mut [f32]) {
 pub(crate) fn bias_gelu(row: &mut [f32], bias: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::cpu().avx2_fma {
-        // SAFETY: the CPU has AVX2 and FMA.
+        // SAFETY: `cpu()` found AVX2 and FMA, just checked.
         return unsafe { avx2_math::bias_gelu(row, bias) };
     }
-    // SAFETY: every aarch64 CPU has NEON.
+    // SAFETY: NEON is in every aarch64 target's baseline (the whole binary
+    // is built to use it).
     #[cfg(target_arch = "aarch64")]
     return unsafe { neon_math::bias_gelu(row, bias) };
     #[allow(unreachable_code)]
@@ -49,10 +50,11 @@ pub(crate) fn bias_gelu(row: &mut [f32], bias: &[f32]) {
 fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::cpu().avx2_fma {
-        // SAFETY: the CPU has AVX2 and FMA.
+        // SAFETY: `cpu()` found AVX2 and FMA, just checked.
         return unsafe { avx2_math::exp_in_place(row, shift) };
     }
-    // SAFETY: every aarch64 CPU has NEON.
+    // SAFETY: NEON is in every aarch64 target's baseline (the whole binary
+    // is built to use it).
     #[cfg(target_arch = "aarch64")]
     return unsafe { neon_math::exp_in_place(row, shift) };
     #[allow(unreachable_code)]
@@ -123,22 +125,26 @@ mod avx2_math {
 
     /// `row = gelu(row + bias)`, erf's exact GELU (`0.5 · x · (1 + erf(x/√2))`).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn bias_gelu(row: &mut [f32], bias: &[f32]) {
+    pub(super) fn bias_gelu(row: &mut [f32], bias: &[f32]) {
         let len = row.len().min(bias.len());
         let lanes = len / 8 * 8;
-        unsafe {
-            for i in (0..lanes).step_by(8) {
-                let x = _mm256_add_ps(
+        for i in (0..lanes).step_by(8) {
+            // SAFETY: i + 8 <= lanes <= both lengths.
+            let (r, b) = unsafe {
+                (
                     _mm256_loadu_ps(row.as_ptr().add(i)),
                     _mm256_loadu_ps(bias.as_ptr().add(i)),
-                );
-                let e = erf8(_mm256_mul_ps(
-                    x,
-                    _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
-                ));
-                let half_x = _mm256_mul_ps(x, _mm256_set1_ps(0.5));
-                _mm256_storeu_ps(row.as_mut_ptr().add(i), _mm256_fmadd_ps(half_x, e, half_x));
-            }
+                )
+            };
+            let x = _mm256_add_ps(r, b);
+            let e = erf8(_mm256_mul_ps(
+                x,
+                _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
+            ));
+            let half_x = _mm256_mul_ps(x, _mm256_set1_ps(0.5));
+            let y = _mm256_fmadd_ps(half_x, e, half_x);
+            // SAFETY: i + 8 <= lanes <= row.len().
+            unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(i), y) };
         }
         for i in lanes..len {
             row[i] = super::activate(Some(super::Activation::Gelu), row[i] + bias[i]);
@@ -176,26 +182,28 @@ mod avx2_math {
         _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n))
     }
 
+    /// `v = exp(v - shift)` for every element; returns their sum.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
-        unsafe {
-            let s = _mm256_set1_ps(shift);
-            let mut sum = _mm256_setzero_ps();
-            let mut chunks = row.chunks_exact_mut(8);
-            for c in &mut chunks {
-                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), s));
-                _mm256_storeu_ps(c.as_mut_ptr(), e);
-                sum = _mm256_add_ps(sum, e);
-            }
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
-            let mut total: f32 = lanes.iter().sum();
-            for v in chunks.into_remainder() {
-                *v = (*v - shift).exp();
-                total += *v;
-            }
-            total
+    pub(super) fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
+        let s = _mm256_set1_ps(shift);
+        let mut sum = _mm256_setzero_ps();
+        let mut chunks = row.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: `c` is 8 floats.
+            let e = exp8(_mm256_sub_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, s));
+            // SAFETY: as the load.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), e) };
+            sum = _mm256_add_ps(sum, e);
         }
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` is 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+        let mut total: f32 = lanes.iter().sum();
+        for v in chunks.into_remainder() {
+            *v = (*v - shift).exp();
+            total += *v;
+        }
+        total
     }
 }
 
@@ -221,19 +229,22 @@ mod neon_math {
 
     /// `row = gelu(row + bias)`, as `avx2_math::bias_gelu`.
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn bias_gelu(row: &mut [f32], bias: &[f32]) {
+    pub(super) fn bias_gelu(row: &mut [f32], bias: &[f32]) {
         let len = row.len().min(bias.len());
         let lanes = len / 4 * 4;
-        unsafe {
-            for i in (0..lanes).step_by(4) {
-                let x = vaddq_f32(
+        for i in (0..lanes).step_by(4) {
+            // SAFETY: i + 4 <= lanes <= both lengths.
+            let (r, b) = unsafe {
+                (
                     vld1q_f32(row.as_ptr().add(i)),
                     vld1q_f32(bias.as_ptr().add(i)),
-                );
-                let e = erf4(vmulq_f32(x, vdupq_n_f32(std::f32::consts::FRAC_1_SQRT_2)));
-                let half_x = vmulq_f32(x, vdupq_n_f32(0.5));
-                vst1q_f32(row.as_mut_ptr().add(i), vfmaq_f32(half_x, half_x, e));
-            }
+                )
+            };
+            let x = vaddq_f32(r, b);
+            let e = erf4(vmulq_f32(x, vdupq_n_f32(std::f32::consts::FRAC_1_SQRT_2)));
+            let half_x = vmulq_f32(x, vdupq_n_f32(0.5));
+            // SAFETY: i + 4 <= lanes <= row.len().
+            unsafe { vst1q_f32(row.as_mut_ptr().add(i), vfmaq_f32(half_x, half_x, e)) };
         }
         for i in lanes..len {
             row[i] = super::activate(Some(super::Activation::Gelu), row[i] + bias[i]);
@@ -262,24 +273,25 @@ mod neon_math {
         vmulq_f32(y, vreinterpretq_f32_s32(pow2n))
     }
 
+    /// `v = exp(v - shift)` for every element; returns their sum.
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
-        unsafe {
-            let s = vdupq_n_f32(shift);
-            let mut sum = vdupq_n_f32(0.0);
-            let mut chunks = row.chunks_exact_mut(4);
-            for c in &mut chunks {
-                let e = exp4(vsubq_f32(vld1q_f32(c.as_ptr()), s));
-                vst1q_f32(c.as_mut_ptr(), e);
-                sum = vaddq_f32(sum, e);
-            }
-            let mut total = vaddvq_f32(sum);
-            for v in chunks.into_remainder() {
-                *v = (*v - shift).exp();
-                total += *v;
-            }
-            total
+    pub(super) fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
+        let s = vdupq_n_f32(shift);
+        let mut sum = vdupq_n_f32(0.0);
+        let mut chunks = row.chunks_exact_mut(4);
+        for c in &mut chunks {
+            // SAFETY: `c` is 4 floats.
+            let e = exp4(vsubq_f32(unsafe { vld1q_f32(c.as_ptr()) }, s));
+            // SAFETY: as the load.
+            unsafe { vst1q_f32(c.as_mut_ptr(), e) };
+            sum = vaddq_f32(sum, e);
         }
+        let mut total = vaddvq_f32(sum);
+        for v in chunks.into_remainder() {
+            *v = (*v - shift).exp();
+            total += *v;
+        }
+        total
     }
 }
 

@@ -16,11 +16,10 @@
 //! The tile is 6 input rows × 64 columns with AVX-512 (24 accumulators:
 //! each weight load feeds 6 FMAs, each broadcast input 4), or 6 rows × 16
 //! columns with AVX2 (12 accumulators), four strips per panel, or 6 rows
-//! × 16 columns with NEON (24 of its 32 registers: `tile_neon`). On 2 Zen 4
-//! cores (`cargo run --release -p recall-engine --example matmul_probe -- M K N`): AVX-512
-//! 200-215 GFLOP/s at 1024-2048 rows and 120 at 16; AVX2 150-215 at 1024
-//! rows, level with the old row kernel at 16; candle's `gemm` 110-190
-//! across runs. Attention uses it too (`attention`).
+//! × 16 columns with NEON (24 of its 32 registers: `tile_neon`): more
+//! accumulators than that spill, fewer leave the FMA units waiting on
+//! loads (`examples/matmul_probe.rs` measures a shape; docs/benchmarks.md,
+//! "Choices"). Attention uses it too (`attention`).
 //!
 //! Same products, summed in a different order than `gemm`: results differ
 //! by float rounding only (the parity tests hold at 1e-5 on every path).
@@ -28,6 +27,7 @@
 use anyhow::Result;
 use rayon::prelude::*;
 
+use super::MatmulOverride;
 use crate::packcache::{Packed, Reader, Slab};
 
 /// Rows of `padded` (`np` wide, whole panels) cut to their first `n`
@@ -41,12 +41,18 @@ pub(crate) fn without_padding(padded: Vec<f32>, np: usize, n: usize) -> Vec<f32>
 
 /// An output buffer, shared by tasks that write disjoint parts of it.
 pub(crate) struct Dst(pub(crate) *mut f32);
+// SAFETY: a Dst only hands out its raw pointer; every read or write through
+// it is an `unsafe` operation whose caller keeps each task to its own part
+// of the buffer, so sharing the pointer between threads races on nothing.
 unsafe impl Sync for Dst {}
 
 impl Dst {
+    /// The pointer `offset` floats into the buffer.
+    ///
     /// # Safety
-    /// `offset` is inside the buffer.
+    /// `offset` is at most the buffer's capacity, in floats.
     pub(crate) unsafe fn at(&self, offset: usize) -> *mut f32 {
+        // SAFETY: the caller keeps `offset` within the buffer's allocation.
         unsafe { self.0.add(offset) }
     }
 }
@@ -110,9 +116,9 @@ pub(crate) fn for_each_tile(m: usize, np: usize, k: usize, tile: impl Fn(TileAt)
 /// registers' columns interleaved (`INTERLEAVED`), so one load of 32 (or
 /// 16) bf16 becomes both registers by a shift (the even ones) and a mask
 /// (the odd ones): two instructions for two registers. Widening each
-/// register with a zero-extending load and a shift cost twice that, and a
-/// 16-token query ran no faster than f32 on Zen 4's AVX2 path; widening a
-/// whole block before its row tiles was slower still.
+/// register with a zero-extending load and a shift costs twice that, which
+/// spends on instructions what the smaller weights save in memory
+/// (docs/benchmarks.md, "Choices").
 pub trait PackedWeight: crate::packcache::Plain + Default {
     /// Whether a strip's columns are interleaved in pairs of registers.
     const INTERLEAVED: bool;
@@ -138,7 +144,7 @@ pub trait PackedWeight: crate::packcache::Plain + Default {
     /// The 8 weights at `p` as two registers of f32: columns 0..4 and 4..8.
     ///
     /// # Safety
-    /// NEON; 8 values at `p`.
+    /// NEON; 8 values at `p`, aligned for `Self`.
     #[cfg(target_arch = "aarch64")]
     unsafe fn load_pair4(
         p: *const Self,
@@ -155,22 +161,30 @@ impl PackedWeight for f32 {
         v
     }
 
+    /// # Safety
+    /// As `PackedWeight::load_pair16`: AVX-512F; 32 floats at `p`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     #[inline]
     unsafe fn load_pair16(p: *const f32) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
         use std::arch::x86_64::_mm512_loadu_ps;
+        // SAFETY: the caller promised 32 floats at `p`; unaligned loads.
         unsafe { (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))) }
     }
 
+    /// # Safety
+    /// As `PackedWeight::load_pair8`: AVX2; 16 floats at `p`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn load_pair8(p: *const f32) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
         use std::arch::x86_64::_mm256_loadu_ps;
+        // SAFETY: the caller promised 16 floats at `p`; unaligned loads.
         unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
     }
 
+    /// # Safety
+    /// As `PackedWeight::load_pair4`: NEON; 8 floats at `p`, aligned.
     #[cfg(target_arch = "aarch64")]
     #[target_feature(enable = "neon")]
     #[inline]
@@ -181,6 +195,7 @@ impl PackedWeight for f32 {
         std::arch::aarch64::float32x4_t,
     ) {
         use std::arch::aarch64::vld1q_f32;
+        // SAFETY: the caller promised 8 floats at `p`, aligned.
         unsafe { (vld1q_f32(p), vld1q_f32(p.add(4))) }
     }
 }
@@ -195,6 +210,8 @@ impl PackedWeight for half::bf16 {
 
     // A bf16 is the top half of an f32: the even ones shifted up, the odd
     // ones with the low half cleared.
+    /// # Safety
+    /// As `PackedWeight::load_pair16`: AVX-512F; 32 bf16 at `p`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     #[inline]
@@ -202,6 +219,8 @@ impl PackedWeight for half::bf16 {
         p: *const half::bf16,
     ) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
         use std::arch::x86_64::*;
+        // SAFETY: the caller promised 32 bf16, 64 bytes, at `p`; an
+        // unaligned load.
         unsafe {
             let v = _mm512_loadu_si512(p as *const __m512i);
             let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
@@ -212,6 +231,8 @@ impl PackedWeight for half::bf16 {
         }
     }
 
+    /// # Safety
+    /// As `PackedWeight::load_pair8`: AVX2; 16 bf16 at `p`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[inline]
@@ -219,6 +240,8 @@ impl PackedWeight for half::bf16 {
         p: *const half::bf16,
     ) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
         use std::arch::x86_64::*;
+        // SAFETY: the caller promised 16 bf16, 32 bytes, at `p`; an
+        // unaligned load.
         unsafe {
             let v = _mm256_loadu_si256(p as *const __m256i);
             let odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
@@ -229,6 +252,8 @@ impl PackedWeight for half::bf16 {
         }
     }
 
+    /// # Safety
+    /// As `PackedWeight::load_pair4`: NEON; 8 bf16 at `p`, aligned.
     #[cfg(target_arch = "aarch64")]
     #[target_feature(enable = "neon")]
     #[inline]
@@ -239,14 +264,15 @@ impl PackedWeight for half::bf16 {
         std::arch::aarch64::float32x4_t,
     ) {
         use std::arch::aarch64::*;
-        unsafe {
-            let v = vld1q_u32(p as *const u32);
-            let odd = vandq_u32(v, vdupq_n_u32(0xffff_0000));
-            (
-                vreinterpretq_f32_u32(vshlq_n_u32::<16>(v)),
-                vreinterpretq_f32_u32(odd),
-            )
-        }
+        // SAFETY: the caller promised 8 bf16 at `p`, aligned, so for u16
+        // (a bf16 is one); loaded as u16, not as u32, which `p` may not be
+        // aligned for (LLVM makes either the same `ldr`).
+        let v = unsafe { vreinterpretq_u32_u16(vld1q_u16(p as *const u16)) };
+        let odd = vandq_u32(v, vdupq_n_u32(0xffff_0000));
+        (
+            vreinterpretq_f32_u32(vshlq_n_u32::<16>(v)),
+            vreinterpretq_f32_u32(odd),
+        )
     }
 }
 
@@ -294,12 +320,16 @@ impl Prefetch {
         let end = ((step + 1) * self.per_step).min(self.lines);
         for line in step * self.per_step..end {
             let at = self.start.wrapping_add(line * 64);
-            // A prefetch never faults, and the line is inside the range.
+            // SAFETY: a prefetch is a hint: it reads nothing into the
+            // program and never faults, whatever the address (this one is
+            // a line of the range anyway); SSE, x86-64's baseline.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at)
             };
             // (`core::arch::aarch64::_prefetch` is not stable.)
+            // SAFETY: `prfm` is a hint: it reads nothing into the program,
+            // never faults and writes no register or flag.
             #[cfg(target_arch = "aarch64")]
             unsafe {
                 std::arch::asm!("prfm pldl2keep, [{at}]", at = in(reg) at,
@@ -333,11 +363,11 @@ impl PackedKernel {
     pub fn get() -> Option<PackedKernel> {
         static KERNEL: std::sync::OnceLock<Option<PackedKernel>> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
-            let (cpu, forced) = (super::cpu(), super::overrides().matmul.as_deref());
-            if forced == Some("candle") {
+            let (cpu, forced) = (super::cpu(), super::overrides().matmul);
+            if forced == Some(MatmulOverride::Candle) {
                 return None;
             }
-            if cpu.avx512f && forced != Some("avx2") {
+            if cpu.avx512f && forced != Some(MatmulOverride::Avx2) {
                 return Some(PackedKernel::Avx512);
             }
             if cpu.avx2_fma {
@@ -349,15 +379,20 @@ impl PackedKernel {
 
     /// Every tile this CPU runs, the best first (for tests and benchmarks).
     pub fn all() -> Vec<PackedKernel> {
+        [PackedKernel::Avx512, PackedKernel::Avx2, PackedKernel::Neon]
+            .into_iter()
+            .filter(|kernel| kernel.runs_here())
+            .collect()
+    }
+
+    /// Whether this CPU has the tile's features (`cpu()`).
+    fn runs_here(self) -> bool {
         let cpu = super::cpu();
-        [
-            (cpu.avx512f, PackedKernel::Avx512),
-            (cpu.avx2_fma, PackedKernel::Avx2),
-            (cpu.neon, PackedKernel::Neon),
-        ]
-        .into_iter()
-        .filter_map(|(has, kernel)| has.then_some(kernel))
-        .collect()
+        match self {
+            PackedKernel::Avx512 => cpu.avx512f,
+            PackedKernel::Avx2 => cpu.avx2_fma,
+            PackedKernel::Neon => cpu.neon,
+        }
     }
 
     /// Columns per strip: the tile's width.
@@ -470,7 +505,10 @@ impl<E: PackedWeight> PackedLinear<E> {
         n.next_multiple_of(PANEL) * k
     }
 
+    /// The only maker of a PackedLinear: so `matmul_t` runs only tiles
+    /// this CPU has the features of.
     fn from_packed(kernel: PackedKernel, n: usize, k: usize, packed: Slab<E>) -> Self {
+        assert!(kernel.runs_here(), "{kernel:?} tile on a CPU without it");
         Self {
             n,
             k,
@@ -530,8 +568,9 @@ impl<E: PackedWeight> PackedLinear<E> {
                 x: &xr,
                 block: self.packed[p * PANEL * k + d * PANEL..].as_ptr(),
                 depth,
-                // SAFETY: rows i..i + rows of `out` (np wide) exist, and
-                // panel p's columns are this task's alone.
+                // SAFETY: i < m, so the offset lies inside `out`'s m × np
+                // floats of capacity; rows i..i + rows (at most m) of it,
+                // in panel p's columns, are this task's alone.
                 out: unsafe { dst.at(i * np + p * PANEL) },
                 stride: np,
                 rows,
@@ -540,13 +579,22 @@ impl<E: PackedWeight> PackedLinear<E> {
                 accumulate: d > 0,
                 ahead: share(next, at.t, at.tiles),
             };
-            // SAFETY: `kernel` is one this CPU runs; each x row has `depth`
-            // floats from d, and the block `depth × PANEL`.
+            // `tile` holds what `Tile` says: each x row has at least k - d
+            // >= depth floats from d; the block is positions d..d + depth
+            // of panel p, `depth × PANEL` weights; `out` as above, and
+            // with `accumulate`, written by this task's pass at depth 0.
+            // `from_packed` asserted that this CPU runs `self.kernel`.
             match self.kernel {
+                // SAFETY: `cpu()` found AVX-512F (`from_packed`); `tile`
+                // as above.
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx512 => unsafe { tile_avx512(&tile) },
+                // SAFETY: `cpu()` found AVX2 and FMA (`from_packed`);
+                // `tile` as above.
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx2 => unsafe { tile_avx2(&tile) },
+                // SAFETY: NEON, aarch64's baseline (`from_packed` checked
+                // it too); `tile` as above.
                 #[cfg(target_arch = "aarch64")]
                 PackedKernel::Neon => unsafe { tile_neon(&tile) },
                 // No other tile is built for this arch (`PackedKernel::get`).
@@ -554,7 +602,8 @@ impl<E: PackedWeight> PackedLinear<E> {
                 _ => unreachable!("{:?} tile on this arch", self.kernel),
             }
         });
-        // SAFETY: the tiles wrote every element of the m rows.
+        // SAFETY: the capacity is m × np, and the tasks, one per panel,
+        // wrote every row of their PANEL columns: all m × np floats.
         unsafe { out.set_len(m * np) };
         without_padding(out, np, n)
     }
@@ -597,11 +646,13 @@ fn lane<E: PackedWeight>(kernel: PackedKernel, c: usize) -> usize {
     allow(dead_code)
 )]
 struct Tile<'a, E> {
+    /// PANEL_ROWS rows of `depth` floats.
     x: &'a [*const f32; PANEL_ROWS],
     /// `PANEL / strip` strips of `depth × strip` weights.
     block: *const E,
     depth: usize,
-    /// `rows` rows of PANEL floats, `stride` apart.
+    /// `rows` rows of PANEL floats, `stride` apart, this tile's alone
+    /// while it runs, and initialised if `accumulate`.
     out: *mut f32,
     stride: usize,
     rows: usize,
@@ -619,6 +670,10 @@ struct Tile<'a, E> {
 unsafe fn tile_avx512<E: PackedWeight>(t: &Tile<E>) {
     use std::arch::x86_64::*;
     const REGS: usize = PANEL / 16;
+    // SAFETY: AVX-512F, and the pointers as `Tile` says (the caller's
+    // promise): the strip is the whole block, so the 64 weights at
+    // `block + d·PANEL` and x[r][d] are inside it for d < depth; `out` is
+    // the `rows` rows that `accumulators512` and `store512` need.
     unsafe {
         let mut acc = accumulators512(t.out, t.stride, t.rows, t.accumulate);
         let ahead =
@@ -650,7 +705,8 @@ unsafe fn tile_avx512<E: PackedWeight>(t: &Tile<E>) {
 /// the first `rows` rows of `out` (`stride` apart) to add to.
 ///
 /// # Safety
-/// AVX-512F; with `accumulate`, `rows` rows of PANEL floats at `out`.
+/// AVX-512F; with `accumulate`, `rows` rows of PANEL initialised floats
+/// at `out`, `stride` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -665,6 +721,8 @@ pub(crate) unsafe fn accumulators512(
     if accumulate {
         for (r, acc) in acc.iter_mut().enumerate().take(rows) {
             for (c, a) in acc.iter_mut().enumerate() {
+                // SAFETY: r < rows, columns 16c..16c + 16 <= PANEL: floats
+                // of the caller's rows.
                 *a = unsafe { _mm512_loadu_ps(out.add(r * stride + c * 16)) };
             }
         }
@@ -675,7 +733,8 @@ pub(crate) unsafe fn accumulators512(
 /// Stores the first `rows` rows of an AVX-512 tile's accumulators.
 ///
 /// # Safety
-/// AVX-512F; `rows` rows of PANEL floats at `out`, `stride` apart.
+/// AVX-512F; `rows` rows of PANEL floats at `out`, `stride` apart, that
+/// nothing else reads or writes meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -687,6 +746,8 @@ pub(crate) unsafe fn store512(
 ) {
     for (r, acc) in acc.iter().enumerate().take(rows) {
         for (c, a) in acc.iter().enumerate() {
+            // SAFETY: r < rows, columns 16c..16c + 16 <= PANEL: floats of
+            // the caller's rows.
             unsafe { std::arch::x86_64::_mm512_storeu_ps(out.add(r * stride + c * 16), *a) };
         }
     }
@@ -706,6 +767,11 @@ unsafe fn tile_avx2<E: PackedWeight>(t: &Tile<E>) {
     let steps = PANEL / STRIP * t.depth.div_ceil(PREFETCH_RUN);
     let ahead = (!t.ahead.is_empty()).then(|| Prefetch::new(t.ahead, steps));
     let mut run = 0;
+    // SAFETY: AVX2 and FMA, and the pointers as `Tile` says (the caller's
+    // promise): strip s < PANEL / STRIP of the block starts at
+    // s·depth·STRIP, and its 16 weights at d·STRIP, d < depth, are inside
+    // it; x[r][d] for d < depth; `out` row r < rows, columns c0 + 8c..
+    // + 8 <= PANEL.
     unsafe {
         for s in 0..PANEL / STRIP {
             let (strip, c0) = (t.block.add(s * t.depth * STRIP), s * STRIP);
@@ -759,6 +825,11 @@ unsafe fn tile_neon<E: PackedWeight>(t: &Tile<E>) {
     let steps = PANEL / STRIP * t.depth.div_ceil(PREFETCH_RUN);
     let ahead = (!t.ahead.is_empty()).then(|| Prefetch::new(t.ahead, steps));
     let mut run = 0;
+    // SAFETY: NEON, and the pointers as `Tile` says (the caller's promise):
+    // strip s < PANEL / STRIP of the block starts at s·depth·STRIP, and its
+    // 16 weights at d·STRIP, d < depth, are inside it (aligned: the block
+    // is a slice of E); x[r][d] for d < depth; `out` row r < rows, columns
+    // c0 + 4c.. + 4 <= PANEL.
     unsafe {
         for s in 0..PANEL / STRIP {
             let (strip, c0) = (t.block.add(s * t.depth * STRIP), s * STRIP);

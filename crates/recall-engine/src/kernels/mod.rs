@@ -76,27 +76,105 @@ pub fn cpu() -> &'static Cpu {
 }
 
 /// The environment variables that force a lesser kernel than the CPU's
-/// best, to compare (`recall --help` lists them). Read once, here only.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// best, to compare (`crate::env` declares them). Read once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overrides {
-    /// `RECALL_MATMUL`: `avx2` (not AVX-512) or `candle` (none of recall's
-    /// f32 tiles).
-    pub matmul: Option<String>,
-    /// `RECALL_Q8`: `avx2`, `sdot` or `portable`.
-    pub q8: Option<String>,
-    /// `RECALL_BF16`: `widen` (the f32 tiles on AVX512_BF16 CPUs).
-    pub bf16: Option<String>,
+    /// `RECALL_MATMUL`.
+    pub matmul: Option<MatmulOverride>,
+    /// `RECALL_Q8`.
+    pub q8: Option<Q8Override>,
+    /// `RECALL_BF16`.
+    pub bf16: Option<Bf16Override>,
 }
 
-/// The overrides of this process, read once.
-pub fn overrides() -> &'static Overrides {
-    static OVERRIDES: OnceLock<Overrides> = OnceLock::new();
-    OVERRIDES.get_or_init(|| {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        Overrides {
-            matmul: var("RECALL_MATMUL"),
-            q8: var("RECALL_Q8"),
-            bf16: var("RECALL_BF16"),
+/// `RECALL_MATMUL`: which f32 kernel instead of the CPU's best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulOverride {
+    /// The AVX2 tile, not the AVX-512 one.
+    Avx2,
+    /// candle's matmul: none of recall's f32 tiles.
+    Candle,
+}
+
+/// `RECALL_Q8`: which q8 kernel instead of the CPU's best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Q8Override {
+    /// Nothing above the AVX2 tile (no VNNI).
+    Avx2,
+    /// Nothing above the dot-product tile (no I8MM).
+    Sdot,
+    /// The plain Rust loop.
+    Portable,
+}
+
+/// `RECALL_BF16`: how bf16 weights run instead of the CPU's best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Override {
+    /// Widened to the f32 tiles, even on AVX512_BF16 CPUs.
+    Widen,
+}
+
+/// `var`'s value among `choices`; an unknown one is an error naming them.
+fn choice<T: Copy>(var: crate::env::Var, choices: &[(&str, T)]) -> Result<Option<T>, String> {
+    let Some(value) = var.get() else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy();
+    match choices.iter().find(|(name, _)| *name == value) {
+        Some(&(_, kernel)) => Ok(Some(kernel)),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|&(name, _)| name).collect();
+            Err(format!(
+                "{}={value:?} is not a kernel recall has: use {} (or unset it for the CPU's best)",
+                var.name,
+                names.join(", ")
+            ))
         }
-    })
+    }
+}
+
+impl Overrides {
+    /// Parses the variables: an unknown value is an error naming the
+    /// accepted ones.
+    fn from_env() -> Result<Overrides, String> {
+        use crate::env;
+        Ok(Overrides {
+            matmul: choice(
+                env::MATMUL,
+                &[
+                    ("avx2", MatmulOverride::Avx2),
+                    ("candle", MatmulOverride::Candle),
+                ],
+            )?,
+            q8: choice(
+                env::Q8,
+                &[
+                    ("avx2", Q8Override::Avx2),
+                    ("sdot", Q8Override::Sdot),
+                    ("portable", Q8Override::Portable),
+                ],
+            )?,
+            bf16: choice(env::BF16, &[("widen", Bf16Override::Widen)])?,
+        })
+    }
+}
+
+fn parsed_overrides() -> &'static Result<Overrides, String> {
+    static OVERRIDES: OnceLock<Result<Overrides, String>> = OnceLock::new();
+    OVERRIDES.get_or_init(Overrides::from_env)
+}
+
+/// The overrides of this process, read once. With a variable set to an
+/// unknown value, none apply; loading a model reports it
+/// ([`check_overrides`]), before any kernel runs.
+pub fn overrides() -> Overrides {
+    parsed_overrides().as_ref().copied().unwrap_or_default()
+}
+
+/// An error naming the override variable set to an unknown value, if any.
+pub fn check_overrides() -> Result<(), String> {
+    parsed_overrides()
+        .as_ref()
+        .map(|_| ())
+        .map_err(Clone::clone)
 }

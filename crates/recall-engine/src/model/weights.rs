@@ -199,8 +199,10 @@ fn check_shape(path: &Path, name: &str, found: &[usize], expected: &[usize]) -> 
 
 fn open_safetensors(path: &Path) -> Result<Source> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: the map is read-only; a file truncated under us would fault,
-    // which is the same risk every mmap-based model loader takes.
+    // SAFETY: the map is read-only, and recall replaces a model file only
+    // by renaming a new one into place (`MappedF32`), never writing where
+    // it may be mapped; another process truncating or rewriting it would
+    // break the map, the risk every mmap-based model loader takes.
     let map =
         unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
     let parsed = SafeTensors::deserialize(&map).map_err(|e| {
