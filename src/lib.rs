@@ -7,6 +7,7 @@
 //! ARCHITECTURE.md for the map.
 
 pub mod bench;
+pub mod env;
 pub mod hermes_plugin;
 pub mod index;
 pub mod model;

@@ -26,8 +26,10 @@ fn main() -> ExitCode {
         }
     }
     cli::style::init(args.color);
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RECALL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.log_filter()));
+    let filter = recall::env::LOG
+        .text()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(args.log_filter()));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)

@@ -97,11 +97,10 @@ pub fn run(cmd: HermesCommand) -> Result<()> {
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
+    recall::env::path_dirs()
+        .into_iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 fn install(args: InstallArgs) -> Result<()> {
@@ -225,7 +224,11 @@ fn status(args: StatusArgs) -> Result<()> {
     let home = args.target.home()?;
     let profile = &args.target.profile;
     let profile_home = hermes_plugin::profile_home(&home, profile);
-    let (present, current, enabled) = hermes_plugin::installed(&profile_home);
+    let hermes_plugin::Installed {
+        present,
+        current,
+        enabled,
+    } = hermes_plugin::installed(&profile_home);
     let settings = hermes_plugin::read_settings(&profile_home);
     let server = settings
         .as_ref()
@@ -347,13 +350,9 @@ fn status(args: StatusArgs) -> Result<()> {
 
 fn service_path() -> Option<PathBuf> {
     if cfg!(target_os = "macos") {
-        std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join("Library/LaunchAgents/ai.recall.watch.plist"))
+        recall::paths::home_dir().map(|h| h.join("Library/LaunchAgents/ai.recall.watch.plist"))
     } else {
-        std::env::var_os("XDG_CONFIG_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-            .map(|c| c.join("systemd/user/recall-watch.service"))
+        recall::env::config_home().map(|c| c.join("systemd/user/recall-watch.service"))
     }
 }
 

@@ -18,6 +18,19 @@ use anyhow::Result;
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use recall::{Embedder, LoadOptions};
 
+/// `recall --help`'s end: examples, every environment variable
+/// (`recall::env`), the exit status.
+fn long_help_footer() -> String {
+    format!(
+        "Examples:\n  recall hermes install --service\n  recall search \"the server ran out of space\"\n  recall embed \"some text\" --sparse\n\n\
+         {}\n\
+         Exit status: 0 success; 1 an error (said on standard error; with --json, as a JSON object \
+         with an `error` field); 2 a usage error; 75 indexing paused because no embedding provider \
+         could work (what was done is kept: try again later).",
+        recall::env::help()
+    )
+}
+
 #[derive(Parser)]
 #[command(
     name = "recall",
@@ -30,27 +43,7 @@ use recall::{Embedder, LoadOptions};
         The model is found in this order: --model DIR, the RECALL_MODEL variable, then \
         BAAI/bge-m3 in the Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub).",
     after_help = "Examples:\n  recall hermes install --service\n  recall search \"the server ran out of space\"\n  recall embed \"some text\" --sparse\n\nMore: recall help <command>; the environment: recall --help.",
-    after_long_help = concat!(
-        "Examples:\n  recall hermes install --service\n  recall search \"the server ran out of space\"\n  recall embed \"some text\" --sparse\n\n",
-        "Environment:\n",
-        "  RECALL_MODEL        model directory (as --model)\n",
-        "  RECALL_DTYPE        f32, bf16 or q8 (as --dtype)\n",
-        "  RECALL_CACHE_DIR    recall's own cache: converted and packed weights, manifests (default ~/.cache/recall)\n",
-        "  RECALL_PACK_CACHE   off: pack the weights at every start instead of keeping them packed in the cache\n",
-        "  RECALL_CONFIG       config.toml of the embedding providers (as --config)\n",
-        "  RECALL_PROVIDERS    provider chain, comma-separated (as --provider)\n",
-        "  RECALL_API_KEY      the key `recall serve` requires (as --api-key)\n",
-        "  RECALL_LOG          log filter for standard error (e.g. debug, recall=trace); beats -q/-v\n",
-        "  RECALL_MATMUL, RECALL_Q8, RECALL_BF16   force a CPU kernel (avx2, candle / avx2, portable / widen), to compare\n",
-        "  HERMES_HOME         Hermes's home (default ~/.hermes)\n",
-        "  OLLAMA_HOST         the ollama provider's address (default http://127.0.0.1:11434)\n",
-        "  ARK_API_KEY, OPENAI_API_KEY   keys of the built-in ark and openai providers\n",
-        "  HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE   the Hugging Face cache, mirror, token, offline mode\n",
-        "  NO_COLOR, TERM      no colour when NO_COLOR is set or TERM=dumb (see --color)\n\n",
-        "Exit status: 0 success; 1 an error (said on standard error; with --json, as a JSON object \
-         with an `error` field); 2 a usage error; 75 indexing paused because no embedding provider \
-         could work (what was done is kept: try again later)."
-    )
+    after_long_help = long_help_footer()
 )]
 pub struct Cli {
     /// Colour in recall's output: auto (on a terminal, unless NO_COLOR is set or TERM=dumb), always, never.
@@ -317,15 +310,15 @@ pub struct ModelArgs {
     #[arg(long)]
     offline: bool,
     /// Weights of the encoder's linear layers: f32 (as the checkpoint); bf16 (rounded at
-    /// load: half the memory, 1.5-2× f32's speed on a Zen 4 with AVX512_BF16, vectors
-    /// within 0.9995 cosine of f32, in the same index as f32); or q8 (int8, quantised at
-    /// load: several times faster on CPUs with AVX-512 VNNI, vectors within 0.995 cosine
-    /// of f32 on recall's check texts, where the layers int8 cannot hold run in f32; an
-    /// index keeps to one of them). CPU only.
+    /// load: half the memory, faster on CPUs with AVX512_BF16, vectors within 0.9995 cosine
+    /// of f32, in the same index as f32); or q8 (int8, quantised at load: several times
+    /// faster on CPUs with AVX-512 VNNI, vectors within 0.995 cosine of f32 on recall's
+    /// check texts, where the layers int8 cannot hold run in f32; an index keeps to one of
+    /// them). CPU only. Speeds: docs/benchmarks.md.
     #[arg(
         long,
         value_name = "DTYPE",
-        env = "RECALL_DTYPE",
+        env = recall::env::DTYPE.name,
         default_value = "f32"
     )]
     dtype: recall::Dtype,
@@ -346,17 +339,16 @@ impl ModelArgs {
 
     /// The directory named by --model or RECALL_MODEL, made absolute.
     pub fn named_dir(&self) -> Option<PathBuf> {
-        let dir = self.model.clone().or_else(|| {
-            std::env::var_os("RECALL_MODEL")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        })?;
+        let dir = self
+            .model
+            .clone()
+            .or_else(|| recall::env::MODEL.get().map(PathBuf::from))?;
         Some(dir.canonicalize().unwrap_or(dir))
     }
 
     /// A model was named by --model or RECALL_MODEL.
     pub fn is_named(&self) -> bool {
-        self.model.is_some() || std::env::var_os("RECALL_MODEL").is_some_and(|v| !v.is_empty())
+        self.model.is_some() || recall::env::MODEL.get().is_some()
     }
 
     /// Loads the named model, else `remembered` (the model an index was

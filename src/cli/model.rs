@@ -469,7 +469,7 @@ fn info(model: Option<&Path>, json: bool) -> Result<()> {
     };
     let found_by = match &located.origin {
         Origin::Flag => "--model",
-        Origin::Env => "RECALL_MODEL",
+        Origin::Env => recall::env::MODEL.name,
         Origin::HubCache { .. } => "Hugging Face cache (default)",
     };
     if json {

@@ -28,7 +28,7 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(
         long,
-        env = "RECALL_API_KEY",
+        env = recall::env::API_KEY.name,
         hide_env_values = true,
         value_name = "KEY"
     )]

@@ -25,8 +25,8 @@ fn colour(terminal: bool) -> bool {
     decide(
         WHEN.get().copied().unwrap_or(ColorWhen::Auto),
         terminal,
-        std::env::var_os("NO_COLOR").as_deref(),
-        std::env::var_os("TERM").as_deref(),
+        recall::env::NO_COLOR.get().as_deref(),
+        recall::env::TERM.get().as_deref(),
     )
 }
 

@@ -18,6 +18,7 @@ use super::locate::{DEFAULT_REPO, hub_cache_dir};
 use super::manifest::{
     FileEntry, Manifest, check_repo, check_revision, is_sha256, manifest_path, sha256_file,
 };
+use crate::env;
 use crate::paths::home_dir;
 
 /// The files of BAAI/bge-m3 that recall needs.
@@ -94,13 +95,9 @@ pub struct HubOptions {
     pub retries: usize,
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// `HF_HUB_OFFLINE` is set to a true value.
 pub fn offline_from_env() -> bool {
-    env("HF_HUB_OFFLINE").is_some_and(|v| {
+    env::HF_HUB_OFFLINE.text().is_some_and(|v| {
         !matches!(
             v.trim().to_ascii_lowercase().as_str(),
             "0" | "false" | "no" | "off"
@@ -110,9 +107,12 @@ pub fn offline_from_env() -> bool {
 
 impl HubOptions {
     pub fn from_env() -> Result<Self> {
-        let endpoint = env("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into());
-        let token = env("HF_TOKEN").or_else(|| {
-            let file = env("HF_HOME")
+        let endpoint = env::HF_ENDPOINT
+            .text()
+            .unwrap_or_else(|| "https://huggingface.co".into());
+        let token = env::HF_TOKEN.text().or_else(|| {
+            let file = env::HF_HOME
+                .text()
                 .map(PathBuf::from)
                 .or_else(|| home_dir().map(|h| h.join(".cache/huggingface")))?
                 .join("token");

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use crate::env;
 use crate::paths::home_dir;
 
 /// The model recall uses when none is named.
@@ -28,10 +29,10 @@ pub struct Located {
 
 /// The Hugging Face hub cache: `$HF_HUB_CACHE`, `$HF_HOME/hub`, or `~/.cache/huggingface/hub`.
 pub fn hub_cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("HF_HUB_CACHE").filter(|v| !v.is_empty()) {
+    if let Some(dir) = env::HF_HUB_CACHE.get() {
         return Some(PathBuf::from(dir));
     }
-    if let Some(home) = std::env::var_os("HF_HOME").filter(|v| !v.is_empty()) {
+    if let Some(home) = env::HF_HOME.get() {
         return Some(PathBuf::from(home).join("hub"));
     }
     home_dir().map(|h| h.join(".cache").join("huggingface").join("hub"))
@@ -44,8 +45,8 @@ pub fn locate(flag: Option<&Path>) -> Result<Located> {
     if let Some(dir) = flag {
         return checked(dir, Origin::Flag, "--model");
     }
-    if let Some(dir) = std::env::var_os("RECALL_MODEL").filter(|v| !v.is_empty()) {
-        return checked(Path::new(&dir), Origin::Env, "RECALL_MODEL");
+    if let Some(dir) = env::MODEL.get() {
+        return checked(Path::new(&dir), Origin::Env, env::MODEL.name);
     }
     let cache = hub_cache_dir();
     if let Some(cache) = &cache

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use super::http::Policy;
 use super::remote::Remote;
 use super::{Chain, Input, Kind, Provider, Vector, ollama, openai};
+use crate::env;
 use crate::space::Identity;
 
 /// A secret that never appears in `Debug` output, logs or messages.
@@ -126,9 +127,8 @@ fn builtin(name: &str) -> Option<ProviderConfig> {
         // Ollama's own variable for where its server is.
         "ollama" => remote(
             Kind::Ollama,
-            std::env::var("OLLAMA_HOST")
-                .ok()
-                .filter(|h| !h.is_empty())
+            env::OLLAMA_HOST
+                .text()
                 .map(|h| {
                     if h.contains("://") {
                         h
@@ -146,14 +146,14 @@ fn builtin(name: &str) -> Option<ProviderConfig> {
                 Kind::Openai,
                 openai::ARK_BASE.into(),
                 "doubao-embedding-vision",
-                Some("ARK_API_KEY"),
+                Some(env::ARK_API_KEY.name),
             )
         },
         "openai" => remote(
             Kind::Openai,
             openai::OPENAI_BASE.into(),
             "text-embedding-3-small",
-            Some("OPENAI_API_KEY"),
+            Some(env::OPENAI_API_KEY.name),
         ),
         _ => return None,
     })
@@ -181,11 +181,7 @@ pub struct Config {
 
 /// `$XDG_CONFIG_HOME/recall/config.toml`, else `~/.config/recall/config.toml`.
 pub fn default_path() -> Option<PathBuf> {
-    std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-        .map(|d| d.join("recall").join("config.toml"))
+    env::config_home().map(|d| d.join("recall").join("config.toml"))
 }
 
 /// Key names whose values are secrets: never printed, not even in a
@@ -251,11 +247,9 @@ impl Config {
     /// exist), else the default path (if it exists); `chain` (from a flag)
     /// or `RECALL_PROVIDERS` replace the file's chain.
     pub fn load(explicit: Option<&Path>, chain: &[String]) -> Result<Config> {
-        let named = explicit.map(Path::to_path_buf).or_else(|| {
-            std::env::var_os("RECALL_CONFIG")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        });
+        let named = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| env::CONFIG.get().map(PathBuf::from));
         let path = match named {
             Some(p) if !p.is_file() => {
                 bail!("the configuration file {} does not exist", p.display())
@@ -275,8 +269,8 @@ impl Config {
             }
             None => File::default(),
         };
-        let from_env: Vec<String> = std::env::var("RECALL_PROVIDERS")
-            .ok()
+        let from_env: Vec<String> = env::PROVIDERS
+            .text()
             .map(|v| split_names(&[v]))
             .unwrap_or_default();
         let chain = if !chain.is_empty() {
@@ -363,10 +357,7 @@ fn split_names(values: &[String]) -> Vec<String> {
 fn remote(name: &str, p: &ProviderConfig, kind: Kind, interactive: bool) -> Result<RemoteProvider> {
     let key = match (&p.api_key, &p.api_key_env) {
         (Some(Secret(k)), _) => Some(k.trim().to_string()),
-        (None, Some(var)) => std::env::var(var)
-            .ok()
-            .map(|k| k.trim().to_string())
-            .filter(|k| !k.is_empty()),
+        (None, Some(var)) => env::named(var).map(|k| k.trim().to_string()),
         (None, None) => None,
     };
     let mut headers = Vec::new();

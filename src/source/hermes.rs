@@ -43,7 +43,7 @@ impl Profile {
 
 /// `$HERMES_HOME`, else `~/.hermes`.
 pub fn default_home() -> Option<PathBuf> {
-    if let Some(h) = std::env::var_os("HERMES_HOME").filter(|v| !v.is_empty()) {
+    if let Some(h) = crate::env::HERMES_HOME.get() {
         return Some(PathBuf::from(h));
     }
     crate::paths::home_dir().map(|h| h.join(".hermes"))
