@@ -396,9 +396,7 @@ fn stats_of(path: &std::path::Path, args: &StatsArgs) -> Result<()> {
     let counts = store.counts()?;
     let profiles = args.hermes.profiles()?;
     let lag = index::lag(&store, &profiles, &args.roles.selection()?)?;
-    let last = store
-        .meta("last_indexed_at")?
-        .and_then(|t| t.parse::<f64>().ok());
+    let last = store.last_indexed_at()?;
     let stats = json!({
         "index": path,
         "sessions": counts.sessions,

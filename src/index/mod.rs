@@ -154,12 +154,7 @@ pub fn run(
     let local_fits = embedders.local_fits();
     if let Some(dir) = chain.model_dir().filter(|_| local_fits) {
         // Later runs and searches without --model use the same directory.
-        store.set_meta(
-            "model_dir",
-            &dir.canonicalize()
-                .unwrap_or_else(|_| dir.to_path_buf())
-                .to_string_lossy(),
-        )?;
+        store.set_model_dir(dir)?;
     }
     let namespace = bound.embedding_key();
 
@@ -225,7 +220,7 @@ pub fn run(
         }
     }
     if report.paused.is_none() {
-        store.set_meta("last_indexed_at", &format!("{:.3}", unix_now()))?;
+        store.set_last_indexed_at(unix_now())?;
     }
     report.seconds = started.elapsed().as_secs_f64();
     report.tokens_per_second = if report.seconds > 0.0 {

@@ -77,6 +77,31 @@ pub struct MessageRow {
     pub skipped_bytes: usize,
 }
 
+/// The rows of the `meta` table, each read and written through its
+/// accessor on `Store`.
+#[derive(Debug, Clone, Copy)]
+enum Meta {
+    Layout,
+    IndexId,
+    CodesEpoch,
+    Identity,
+    ModelDir,
+    LastIndexedAt,
+}
+
+impl Meta {
+    fn name(self) -> &'static str {
+        match self {
+            Meta::Layout => "layout",
+            Meta::IndexId => "index_id",
+            Meta::CodesEpoch => "codes_epoch",
+            Meta::Identity => "identity",
+            Meta::ModelDir => "model_dir",
+            Meta::LastIndexedAt => "last_indexed_at",
+        }
+    }
+}
+
 pub struct Store {
     conn: Connection,
     path: PathBuf,
@@ -268,7 +293,7 @@ impl Store {
             conn,
             path: path.to_path_buf(),
         };
-        match store.meta("layout")? {
+        match store.layout()? {
             Some(v) if v == LAYOUT_VERSION.to_string() => {}
             Some(v) if v == "1" || v == "2" => store.upgrade(&v)?,
             Some(v) => bail!(
@@ -432,28 +457,67 @@ impl Store {
         &self.conn
     }
 
-    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+    fn meta(&self, key: Meta) -> Result<Option<String>> {
         Ok(self
             .conn
-            .query_row("SELECT value FROM meta WHERE key = ?", [key], |r| r.get(0))
+            .query_row("SELECT value FROM meta WHERE key = ?", [key.name()], |r| {
+                r.get(0)
+            })
             .optional()?)
     }
 
-    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+    fn set_meta(&self, key: Meta, value: &str) -> Result<()> {
         self.conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-            params![key, value],
+            params![key.name(), value],
         )?;
         Ok(())
     }
 
+    /// The layout version this file is written in (`LAYOUT_VERSION` once
+    /// opened).
+    pub fn layout(&self) -> Result<Option<String>> {
+        self.meta(Meta::Layout)
+    }
+
+    /// The random id the index was created with: a code file names the
+    /// index it was built from.
+    pub fn index_id(&self) -> Result<String> {
+        Ok(self.meta(Meta::IndexId)?.unwrap_or_default())
+    }
+
+    /// The deletion epoch, bumped by every chunk deletion and rebuild: a
+    /// code file built before the last one is stale.
+    pub fn codes_epoch(&self) -> Result<i64> {
+        Ok(self
+            .meta(Meta::CodesEpoch)?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// When the last indexing run finished, in seconds since the epoch.
+    pub fn last_indexed_at(&self) -> Result<Option<f64>> {
+        Ok(self.meta(Meta::LastIndexedAt)?.and_then(|t| t.parse().ok()))
+    }
+
+    pub fn set_last_indexed_at(&self, unix_seconds: f64) -> Result<()> {
+        self.set_meta(Meta::LastIndexedAt, &format!("{unix_seconds:.3}"))
+    }
+
     /// The model directory the index was last built with.
     pub fn model_dir(&self) -> Result<Option<PathBuf>> {
-        Ok(self.meta("model_dir")?.map(PathBuf::from))
+        Ok(self.meta(Meta::ModelDir)?.map(PathBuf::from))
+    }
+
+    /// Records the model directory, made absolute, for later runs and
+    /// searches without `--model`.
+    pub fn set_model_dir(&self, dir: &Path) -> Result<()> {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        self.set_meta(Meta::ModelDir, &dir.to_string_lossy())
     }
 
     pub fn identity(&self) -> Result<Option<Identity>> {
-        match self.meta("identity")? {
+        match self.meta(Meta::Identity)? {
             None => Ok(None),
             Some(json) => Ok(Some(
                 serde_json::from_str(&json).context("the index's identity record is damaged")?,

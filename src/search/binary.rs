@@ -222,11 +222,8 @@ impl IndexState {
             .identity()?
             .context("the index is empty: run `recall index` first")?;
         Ok(Self {
-            index_id: store.meta("index_id")?.unwrap_or_default(),
-            epoch: store
-                .meta("codes_epoch")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            index_id: store.index_id()?,
+            epoch: store.codes_epoch()?,
             dimension: identity.dimension as u32,
             max_id: approximate_len(store)?,
         })

@@ -216,7 +216,7 @@ fn a_layout_1_index_gets_its_codes() {
     let path = store.path().to_path_buf();
     drop(store);
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.meta("layout").unwrap().as_deref(), Some("3"));
+    assert_eq!(store.layout().unwrap().as_deref(), Some("3"));
     assert_eq!(
         store.count("SELECT count(*) FROM chunk_codes").unwrap(),
         2_000
@@ -243,7 +243,7 @@ fn a_layout_2_index_gets_its_word_index() {
     let path = store.path().to_path_buf();
     drop(store);
     let mut store = Store::open(&path).unwrap();
-    assert_eq!(store.meta("layout").unwrap().as_deref(), Some("3"));
+    assert_eq!(store.layout().unwrap().as_deref(), Some("3"));
     // Every passage is in the word index, stemmed ("passages" finds "passage").
     assert_eq!(store.word_matches("\"passages\"", 1000).unwrap().len(), 300);
     assert_eq!(store.word_matches("\"217\"", 10).unwrap().len(), 1);
