@@ -307,8 +307,19 @@ pub fn uninstall(profile_home: &Path) -> Result<UninstallReport> {
     Ok(report)
 }
 
+/// What a profile has of the plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Installed {
+    /// Its files are there.
+    pub present: bool,
+    /// They are this version's.
+    pub current: bool,
+    /// `config.yaml`'s `plugins.enabled` lists it.
+    pub enabled: bool,
+}
+
 /// Is the plugin installed (this version's files) and enabled in `profile_home`?
-pub fn installed(profile_home: &Path) -> (bool, bool, bool) {
+pub fn installed(profile_home: &Path) -> Installed {
     let dir = plugin_dir(profile_home);
     let present = dir.join("__init__.py").is_file();
     let current = std::fs::read_to_string(dir.join("__init__.py"))
@@ -318,7 +329,11 @@ pub fn installed(profile_home: &Path) -> (bool, bool, bool) {
     let enabled = std::fs::read_to_string(profile_home.join("config.yaml"))
         .map(|t| enabled_plugins(&t).iter().any(|p| p == PLUGIN_NAME))
         .unwrap_or(false);
-    (present, current, enabled)
+    Installed {
+        present,
+        current,
+        enabled,
+    }
 }
 
 pub fn read_settings(profile_home: &Path) -> Option<PluginSettings> {

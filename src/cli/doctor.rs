@@ -339,7 +339,8 @@ fn check_plugin(args: &DoctorArgs, r: &mut Report) {
             .profile_name()
             .unwrap_or_else(|| "default".into());
         let profile_home = recall::hermes_plugin::profile_home(&home, &profile);
-        match recall::hermes_plugin::installed(&profile_home) {
+        let installed = recall::hermes_plugin::installed(&profile_home);
+        match (installed.present, installed.current, installed.enabled) {
             (false, _, _) => r.warn(
                 "plugin",
                 "not installed: Hermes's agent cannot search by meaning".into(),

@@ -7,8 +7,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::{ApiError, Dialect, Inputs, Shared, parse_body};
 use recall_engine::Outputs;
@@ -21,17 +21,40 @@ pub fn routes() -> Router<Shared> {
         .route("/models", get(models))
 }
 
+/// OpenAI's list of models.
+#[derive(Serialize)]
+struct ModelList {
+    object: &'static str,
+    data: Vec<ModelEntry>,
+}
+
+#[derive(Serialize)]
+struct ModelEntry {
+    id: String,
+    object: &'static str,
+    /// When the server started, in Unix seconds.
+    created: u64,
+    owned_by: &'static str,
+}
+
 /// Every name the model answers to, as OpenAI lists models.
-async fn models(State(state): State<Shared>) -> Json<Value> {
-    // When the server started, in Unix seconds.
+async fn models(State(state): State<Shared>) -> Json<ModelList> {
     let created =
         (crate::index::unix_now() as u64).saturating_sub(state.started.elapsed().as_secs());
-    let data: Vec<Value> = state
+    let data = state
         .model_names()
         .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": created, "owned_by": "recall"}))
+        .map(|id| ModelEntry {
+            id,
+            object: "model",
+            created,
+            owned_by: "recall",
+        })
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Json(ModelList {
+        object: "list",
+        data,
+    })
 }
 
 #[derive(Deserialize)]
@@ -44,6 +67,62 @@ struct Request {
     user: Option<String>,
 }
 
+/// How the vectors are written in the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EncodingFormat {
+    /// JSON numbers.
+    Float,
+    /// Each vector's little-endian f32 bytes, in base64.
+    Base64,
+}
+
+impl EncodingFormat {
+    /// The request's `encoding_format`; none means `float`, as OpenAI's.
+    fn parse(value: Option<&str>) -> Result<Self, ApiError> {
+        match value {
+            None | Some("float") => Ok(Self::Float),
+            Some("base64") => Ok(Self::Base64),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "`encoding_format` {other:?} is not supported: use \"float\" or \"base64\""
+            ))
+            .param("encoding_format")),
+        }
+    }
+}
+
+/// OpenAI's embeddings response.
+#[derive(Serialize)]
+struct EmbeddingList {
+    object: &'static str,
+    data: Vec<EmbeddingEntry>,
+    model: String,
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct EmbeddingEntry {
+    object: &'static str,
+    index: usize,
+    embedding: Vector,
+}
+
+/// A vector as `encoding_format` asked.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Vector {
+    /// Widened to f64, as JSON numbers are read: the digits written are
+    /// those of the f64 nearest the f32, which every client parses back to
+    /// the same f32.
+    Float(Vec<f64>),
+    Base64(String),
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
 async fn embeddings(State(state): State<Shared>, body: Bytes) -> Response {
     match answer(&state, &body).await {
         Ok(v) => Json(v).into_response(),
@@ -51,45 +130,47 @@ async fn embeddings(State(state): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-async fn answer(state: &Shared, body: &[u8]) -> Result<Value, ApiError> {
+async fn answer(state: &Shared, body: &[u8]) -> Result<EmbeddingList, ApiError> {
     let request: Request = parse_body(body)?;
     state.check_model(request.model.as_deref())?;
     state.check_dimensions(request.dimensions)?;
-    let base64 = match request.encoding_format.as_deref() {
-        None | Some("float") => false,
-        Some("base64") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "`encoding_format` {other:?} is not supported: use \"float\" or \"base64\""
-            ))
-            .param("encoding_format"));
-        }
-    };
+    let format = EncodingFormat::parse(request.encoding_format.as_deref())?;
     let inputs = inputs(request.input)?;
     // OpenAI refuses an input over the model's context rather than cutting it.
     let tokens = state.tokens(inputs, false).await?;
     let embeddings = state.embed(tokens, Outputs::DENSE).await?;
     let used: usize = embeddings.iter().map(|e| e.tokens).sum();
-    let data: Vec<Value> = embeddings
+    let data = embeddings
         .into_iter()
         .enumerate()
         .map(|(index, e)| {
             let v = e.dense.unwrap_or_default();
-            let embedding = if base64 {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
-            } else {
-                json!(v)
+            let embedding = match format {
+                EncodingFormat::Base64 => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+                EncodingFormat::Float => Vector::Float(v.into_iter().map(f64::from).collect()),
             };
-            json!({"object": "embedding", "index": index, "embedding": embedding})
+            EmbeddingEntry {
+                object: "embedding",
+                index,
+                embedding,
+            }
         })
         .collect();
-    Ok(json!({
-        "object": "list",
-        "data": data,
-        "model": request.model.filter(|m| !m.is_empty()).unwrap_or_else(|| state.config.served_model_name.clone()),
-        "usage": {"prompt_tokens": used, "total_tokens": used},
-    }))
+    Ok(EmbeddingList {
+        object: "list",
+        data,
+        model: request
+            .model
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| state.config.served_model_name.clone()),
+        usage: Usage {
+            prompt_tokens: used,
+            total_tokens: used,
+        },
+    })
 }
 
 /// `input`: a string, strings, token ids, or arrays of token ids.
