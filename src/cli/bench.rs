@@ -333,17 +333,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             info.model_type,
             info.dense_dim,
             info.weights.display(),
-            match info.dtype {
-                recall::Dtype::F32 => "f32".to_string(),
-                recall::Dtype::Q8 => format!(
-                    "q8, {:?} kernel",
-                    recall_engine::kernels::quant::Kernel::get()
-                ),
-                recall::Dtype::Bf16 => match recall_engine::kernels::bf16::Bf16Kernel::get() {
-                    Some(kernel) => format!("bf16, {} kernel", kernel.describe()),
-                    None => "bf16, candle's matmul on bf16-rounded weights".to_string(),
-                },
-            },
+            recall_engine::KernelInfo::here().describe(info.dtype),
             info.load_time.as_secs_f64(),
             mib(bench::peak_rss()),
         );

@@ -96,7 +96,7 @@ fn long_version() -> String {
         features.push("mkl");
     }
     format!(
-        "{} (commit {})\nfeatures: {}\nCPU kernels here: f32 {}, bf16 {}, q8 {:?}",
+        "{} (commit {})\nfeatures: {}\nCPU kernels here: {}",
         env!("CARGO_PKG_VERSION"),
         env!("RECALL_GIT_COMMIT"),
         if features.is_empty() {
@@ -104,13 +104,7 @@ fn long_version() -> String {
         } else {
             features.join(", ")
         },
-        recall_engine::kernels::matmul::PackedKernel::get()
-            .map_or("candle's matmul".to_string(), |k| format!(
-                "{k:?} packed tile"
-            )),
-        recall_engine::kernels::bf16::Bf16Kernel::get()
-            .map_or("candle's matmul".to_string(), |k| k.describe()),
-        recall_engine::kernels::quant::Kernel::get(),
+        recall_engine::KernelInfo::here(),
     )
 }
 
@@ -289,6 +283,16 @@ impl ProviderArgs {
 }
 
 /// Options shared by every command that loads a model.
+/// A count of tokens: the engine refuses zero, and the flag should say so
+/// before a model is loaded.
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[derive(Args, Clone)]
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
@@ -296,13 +300,14 @@ pub struct ModelArgs {
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
     /// Cut inputs at this many tokens, special tokens included. Default: the model's limit (8192 for bge-m3).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     max_length: Option<usize>,
     /// Tokens packed into one forward pass.
     #[arg(
         long,
         visible_alias = "max-batch-tokens",
         value_name = "N",
+        value_parser = at_least_one,
         default_value_t = 16_384
     )]
     batch_tokens: usize,

@@ -103,29 +103,8 @@ pub fn identity_of(embedder: &Embedder, family: Option<&str>) -> Identity {
         ),
         _ => (dir_name, "local".to_string()),
     };
-    // int8 vectors are close to the f32 ones but not the same: an index
-    // keeps to one of them (and so does the embedding cache); and to one of
-    // 8-bit activations and the 7-bit ones of CPUs without VNNI.
-    let revision = match info.dtype {
-        // bf16 vectors are f32's within 0.9995 cosine (docs/bf16.md): the
-        // same space, and the same index.
-        crate::Dtype::F32 | crate::Dtype::Bf16 => revision,
-        crate::Dtype::Q8 => {
-            let tag = recall_engine::kernels::quant::Kernel::get().revision_tag();
-            // Layers run in f32 (where int8 missed the bars on this
-            // model) give other vectors than int8 there.
-            let f32_layers = info.q8.as_ref().map_or(&[][..], |q8| &q8.plan.f32_layers);
-            match f32_layers {
-                [] => format!("{revision}+{tag}"),
-                layers => format!(
-                    "{revision}+{tag}-f32:{}",
-                    (layers.iter().map(usize::to_string))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ),
-            }
-        }
-    };
+    // An index keeps to one vector space, and so does the embedding cache.
+    let revision = info.vector_revision(&revision);
     // A model is known by what it is, not by its folder's name: one with
     // BGE-M3's heads is BGE-M3, as `recall serve` names it to its clients.
     let own_family = if info.sparse {

@@ -278,7 +278,7 @@ fn q8_stays_close_to_flagembedding() {
         "q8 vs FlagEmbedding f32 on the tiny model: dense cosine ≥ {dense_min:.5}, ColBERT ≥ {colbert_min:.5}"
     );
     let (dense_bar, colbert_bar) =
-        match recall_engine::kernels::quant::Kernel::get().activation_levels() {
+        match recall_engine::kernels::quant::Q8Kernel::get().activation_levels() {
             255 => (0.9995, 0.999),
             _ => (0.999, 0.998),
         };
@@ -289,7 +289,7 @@ fn q8_stays_close_to_flagembedding() {
     use recall::provider::local::identity_of;
     let f32_engine = load(&tiny_model_dir(), cache.path()).unwrap();
     let (q8, f32) = (identity_of(&embedder, None), identity_of(&f32_engine, None));
-    let tag = recall_engine::kernels::quant::Kernel::get().revision_tag();
+    let tag = recall_engine::kernels::quant::Q8Kernel::get().revision_tag();
     assert_eq!(q8.revision, format!("{}+{tag}", f32.revision));
     assert!(!f32.accepts(&q8) && !q8.accepts(&f32));
     assert!(f32.differences(&q8).iter().any(|d| d.contains("+q8")));

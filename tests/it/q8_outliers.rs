@@ -210,7 +210,7 @@ fn layers_in_f32_are_part_of_the_q8_revision() {
     let q8 = load_q8(&model, cache.path()).unwrap();
     let plan = &q8.info().q8.as_ref().unwrap().plan;
     assert!(!plan.f32_layers.is_empty(), "{plan:?}");
-    let tag = recall_engine::kernels::quant::Kernel::get().revision_tag();
+    let tag = recall_engine::kernels::quant::Q8Kernel::get().revision_tag();
     let layers: Vec<String> = plan.f32_layers.iter().map(|l| l.to_string()).collect();
     let planned = identity_of(&q8, None);
     assert!(

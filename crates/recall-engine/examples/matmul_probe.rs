@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
         "{m}x{k}·{n}ᵀ: recall {kernel:?} {:.1} ms ({:.0} GFLOP/s), q8 {:?} {:.1} ms ({:.0} GOP/s), candle {:.1} ms ({:.0} GFLOP/s): {:.2}x",
         f32_time * 1e3,
         gflops(f32_time),
-        recall_engine::kernels::quant::Kernel::get(),
+        recall_engine::kernels::quant::Q8Kernel::get(),
         q8 * 1e3,
         gflops(q8),
         candle * 1e3,

@@ -199,8 +199,8 @@ mod tests {
     #[test]
     fn q8_is_close_to_f32_attention() {
         // The queries' rounding step doubles with the AVX2 kernel's 7-bit
-        // activations (`Kernel::activation_levels`), and so does the error.
-        let levels = crate::kernels::quant::Kernel::get().activation_levels() as f32;
+        // activations (`Q8Kernel::activation_levels`), and so does the error.
+        let levels = crate::kernels::quant::Q8Kernel::get().activation_levels() as f32;
         check(Scores::Q8, 0.02 * 255.0 / levels);
     }
 

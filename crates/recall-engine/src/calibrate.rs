@@ -148,7 +148,7 @@ impl Calibration {
         outputs: &Outputs,
     ) -> Result<Self> {
         let key = crate::model::file_key(weights)?;
-        let tag = crate::kernels::quant::Kernel::get().revision_tag();
+        let tag = crate::kernels::quant::Q8Kernel::get().revision_tag();
         let path = cache_dir
             .join("calibration")
             .join(format!("{key}-{tag}-v{VERSION}.json"));

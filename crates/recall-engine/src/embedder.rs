@@ -121,6 +121,30 @@ pub struct ModelInfo {
     pub converted: bool,
 }
 
+impl ModelInfo {
+    /// The revision of the vectors this model gives, from the revision of
+    /// its weights: the same for f32 and bf16 (bf16's vectors are f32's
+    /// within 0.9995 cosine, docs/bf16.md: one space); for q8, tagged with
+    /// the activations' bits (`Q8Kernel::revision_tag`) and the layers run
+    /// in f32, since int8 vectors are close to f32's but not the same.
+    pub fn vector_revision(&self, weights_revision: &str) -> String {
+        if self.dtype != Dtype::Q8 {
+            return weights_revision.to_string();
+        }
+        let tag = crate::kernels::quant::Q8Kernel::get().revision_tag();
+        let f32_layers = self.q8.as_ref().map_or(&[][..], |q8| &q8.plan.f32_layers);
+        match f32_layers {
+            [] => format!("{weights_revision}+{tag}"),
+            layers => format!(
+                "{weights_revision}+{tag}-f32:{}",
+                (layers.iter().map(usize::to_string))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+    }
+}
+
 pub struct Embedder {
     tokenizer: TextTokenizer,
     encoder: Encoder,
@@ -155,14 +179,14 @@ impl Embedder {
         let model_max_length = files.max_tokens();
         let max_length = match options.max_length {
             None => model_max_length,
-            Some(0) => bail!("--max-length must be at least 1"),
+            Some(0) => bail!("`max_length` must be at least 1"),
             Some(n) if n > model_max_length => bail!(
-                "--max-length {n} is more than the model's limit of {model_max_length} tokens"
+                "`max_length` {n} is more than the model's limit of {model_max_length} tokens"
             ),
             Some(n) => n,
         };
         if options.max_batch_tokens == 0 {
-            bail!("the batch token budget must be at least 1");
+            bail!("`max_batch_tokens` must be at least 1");
         }
         let tokenizer = TextTokenizer::from_file(&files.tokenizer, max_length)?;
         let cache_dir = match &options.cache_dir {

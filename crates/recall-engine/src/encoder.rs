@@ -19,8 +19,8 @@ use crate::model::config::EncoderConfig;
 use crate::model::weights::Weights;
 use crate::ops::PackedAttention;
 use crate::packcache::{PackFile, Reader, Writer};
-pub use crate::proj::{Outliers, ProjInputs, Q8Plan};
 use crate::proj::{Proj, ProjWeight, packed_kernel, project, project_add, qkv};
+pub use crate::proj::{ProjInputs, Q8Plan};
 
 /// Upper bound on one attention score block (heads × query rows × keys), in
 /// f32 elements: 32 Mi elements is 128 MiB.
@@ -127,10 +127,10 @@ impl Encoder {
         pack_dir: Option<&Path>,
     ) -> Result<Self> {
         if dtype != Dtype::F32 && !device.is_cpu() {
-            anyhow::bail!("--dtype {dtype} runs on the CPU only, not on {device:?}");
+            anyhow::bail!("`Dtype::{dtype:?}` runs on the CPU only, not on {device:?}");
         }
         if dtype == Dtype::Q8
-            && crate::kernels::quant::Kernel::get() == crate::kernels::quant::Kernel::Portable
+            && crate::kernels::quant::Q8Kernel::get() == crate::kernels::quant::Q8Kernel::Portable
         {
             tracing::warn!(
                 "--dtype q8: this CPU has no int8 dot product (AVX-512 VNNI, AVX-VNNI, AVX2 or \

@@ -23,34 +23,48 @@
 //! # }
 //! ```
 //!
+//! The API: [`Embedder`] with its [`LoadOptions`], [`Dtype`], [`Outputs`]
+//! and [`Embedding`]s, [`ModelInfo`], [`Error`]; [`tokenize`], [`score`],
+//! [`model`] (a model directory's files), [`paths`] and [`env`](mod@env) (the
+//! variables the engine reads). `kernels`, `calibrate` and `packcache` are
+//! public for recall's own benchmarks and tests only, hidden from the docs,
+//! and change without notice.
+//!
 //! Layout: [`Embedder`] (tokenise, batch, encode, heads) over
 //! `encoder` (the transformer on candle tensors), `proj` (its linear
 //! layers, each on the kernel its [`Dtype`] picks), `ops` (recall's kernels
-//! as candle operations) and [`kernels`] (the CPU kernels and the one place
-//! that decides which run). [`model`] opens a model directory; [`packcache`]
-//! keeps packed weights on disk between starts; [`calibrate`] measures q8
+//! as candle operations) and `kernels` (the CPU kernels and the one place
+//! that decides which run). [`model`] opens a model directory; `packcache`
+//! keeps packed weights on disk between starts; `calibrate` measures q8
 //! against f32 on the model being loaded and decides how q8 runs it (its
 //! outlier channels, and the layers that run in f32).
 
-pub mod attention;
-pub mod calibrate;
+mod attention;
 mod dtype;
-pub mod embedder;
+mod embedder;
 mod embeddings;
-pub mod encoder;
+mod encoder;
 pub mod env;
 mod error;
-pub mod heads;
-pub mod kernels;
+mod heads;
 pub mod model;
 mod ops;
-pub mod packcache;
 pub mod paths;
 mod proj;
 pub mod score;
 pub mod tokenize;
 
+// Public for recall's own benchmarks, examples and tests, and for `recall
+// --version`; not part of the API: they change with the kernels.
+#[doc(hidden)]
+pub mod calibrate;
+#[doc(hidden)]
+pub mod kernels;
+#[doc(hidden)]
+pub mod packcache;
+
 pub use dtype::Dtype;
 pub use embedder::{Embedder, Embedding, LoadOptions, ModelInfo, Outputs, default_device};
 pub use error::{Error, Result};
+pub use kernels::KernelInfo;
 pub use tokenize::{TextTokenizer, Tokens};

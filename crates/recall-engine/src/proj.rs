@@ -45,10 +45,6 @@ impl<T> ProjInputs<T> {
     }
 }
 
-/// The channels of each layer's projection inputs that q8 keeps in f32
-/// (`quant::outlier_channels`), from `Encoder::forward_trace`.
-pub type Outliers = [ProjInputs<Vec<usize>>];
-
 /// How q8 runs a model, from `crate::calibrate`: the input channels each
 /// layer's projections keep out of the int8 product, and the layers that
 /// run wholly in f32 because int8 there took the model's vectors below the
@@ -144,7 +140,7 @@ pub(crate) fn packed_kernel(dtype: Dtype, plan: &Q8Plan) -> Result<String> {
         Dtype::Bf16 => format!("{:?}", crate::kernels::bf16::Bf16Kernel::get()),
         Dtype::Q8 => {
             use sha2::{Digest, Sha256};
-            let kernel = crate::kernels::quant::Kernel::get();
+            let kernel = crate::kernels::quant::Q8Kernel::get();
             let digest = Sha256::digest(serde_json::to_vec(&plan.outliers)?);
             let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
             // "in panels": the layout of the f32 channels' weights.

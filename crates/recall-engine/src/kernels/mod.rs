@@ -178,3 +178,53 @@ pub fn check_overrides() -> Result<(), String> {
         .map(|_| ())
         .map_err(Clone::clone)
 }
+
+/// The CPU kernel each dtype runs on this machine, for `--version`,
+/// benchmarks and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// `None`: candle's matmul.
+    pub f32: Option<matmul::PackedKernel>,
+    /// `None`: candle's matmul on bf16-rounded weights.
+    pub bf16: Option<bf16::Bf16Kernel>,
+    pub q8: quant::Q8Kernel,
+}
+
+impl KernelInfo {
+    /// This machine's, with the overrides applied.
+    pub fn here() -> KernelInfo {
+        KernelInfo {
+            f32: matmul::PackedKernel::get(),
+            bf16: bf16::Bf16Kernel::get(),
+            q8: quant::Q8Kernel::get(),
+        }
+    }
+
+    /// The dtype and its kernel: `f32`, `q8, Vnni kernel`, `bf16, AVX512_BF16
+    /// tile kernel`.
+    pub fn describe(self, dtype: crate::Dtype) -> String {
+        match dtype {
+            crate::Dtype::F32 => "f32".to_string(),
+            crate::Dtype::Q8 => format!("q8, {:?} kernel", self.q8),
+            crate::Dtype::Bf16 => match self.bf16 {
+                Some(kernel) => format!("bf16, {} kernel", kernel.describe()),
+                None => "bf16, candle's matmul on bf16-rounded weights".to_string(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for KernelInfo {
+    /// `f32 Avx512 packed tile, bf16 AVX512_BF16 tile, q8 Vnni`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let candle = || "candle's matmul".to_string();
+        write!(
+            f,
+            "f32 {}, bf16 {}, q8 {:?}",
+            self.f32
+                .map_or_else(candle, |k| format!("{k:?} packed tile")),
+            self.bf16.map_or_else(candle, |k| k.describe()),
+            self.q8
+        )
+    }
+}

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::aarch64::neon;
 #[cfg(target_arch = "x86_64")]
 use super::x86::{avx2, avx512};
-use super::{Kernel, TILE_ROWS};
+use super::{Q8Kernel, TILE_ROWS};
 
 /// The two loops that quantise a row: its range, `(min(0, row), max(0,
 /// row))`, and `q = clamp(v · inv + shift, 0, 255)` truncated. The vector
@@ -55,22 +55,22 @@ impl RowLoops {
     }
 
     /// The fastest loops for `kernel`'s CPUs, where this CPU has their
-    /// features: on x86 as `cpu()` found them (every CPU `Kernel::get`
+    /// features: on x86 as `cpu()` found them (every CPU `Q8Kernel::get`
     /// picks a vector kernel for has them), else the portable loops; on
     /// aarch64 NEON, which every aarch64 target has as its baseline (the
     /// whole binary is built to use it).
-    pub(super) fn of(kernel: Kernel) -> Self {
+    pub(super) fn of(kernel: Q8Kernel) -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             let cpu = crate::kernels::cpu();
             match kernel {
-                Kernel::Vnni if cpu.avx512f => {
+                Q8Kernel::Vnni if cpu.avx512f => {
                     return Self {
                         range: avx512::range,
                         quantize: avx512::quantize,
                     };
                 }
-                Kernel::Avx2 | Kernel::AvxVnni if cpu.avx2 => {
+                Q8Kernel::Avx2 | Q8Kernel::AvxVnni if cpu.avx2 => {
                     return Self {
                         range: avx2::range,
                         quantize: avx2::quantize,
@@ -81,7 +81,7 @@ impl RowLoops {
             }
         }
         #[cfg(target_arch = "aarch64")]
-        if matches!(kernel, Kernel::Sdot | Kernel::I8mm) {
+        if matches!(kernel, Q8Kernel::Sdot | Q8Kernel::I8mm) {
             return Self {
                 range: neon::range,
                 quantize: neon::quantize,
@@ -119,7 +119,7 @@ impl QuantRows {
         m: usize,
         k: usize,
         kp: usize,
-        kernel: Kernel,
+        kernel: Q8Kernel,
         without: &[usize],
     ) -> Self {
         let (loops, levels) = (RowLoops::of(kernel), kernel.activation_levels());

@@ -4,7 +4,7 @@
 //! column (`w ≈ scale · q`, `q` in -127..=127). Activations are quantised
 //! per call: asymmetric, one scale and zero point per input row (`x ≈
 //! scale · (q - zero)`, `q` in 0..=255, or 0..=127 for the AVX2 tile:
-//! `Kernel::activation_levels`), which keeps the full range for GELU's
+//! `Q8Kernel::activation_levels`), which keeps the full range for GELU's
 //! lopsided outputs. A few input channels far larger than the rest
 //! ("outlier dimensions", found on calibration texts:
 //! `outlier_channels`) stay out of the int8 product and are summed in f32
@@ -23,13 +23,13 @@
 //! an AVX-VNNI tile (the same instruction on 256 bits), an AVX2 tile,
 //! aarch64 tiles on the Armv8.2 dot product (`sdot`) and on I8MM's `smmla`,
 //! and a portable loop compute the very same integers from the same
-//! weights (`Kernel`). The AVX2 tile needs activations within
+//! weights (`Q8Kernel`). The AVX2 tile needs activations within
 //! 0..=128, so CPUs that run it quantise them to 127 levels and give
-//! slightly different vectors (another revision: `Kernel::revision_tag`).
+//! slightly different vectors (another revision: `Q8Kernel::revision_tag`).
 //! `crate::attention` puts q8's `Q · Kᵀ` through the same kernels.
 //!
 //! This file holds the layer (`QLinear`: its product, tile by tile), the
-//! choice of kernel (`Kernel`) and what a tile is given (`Tile`). The
+//! choice of kernel (`Q8Kernel`) and what a tile is given (`Tile`). The
 //! rest, by job:
 //! - `pack`: quantising and packing a layer's weights, or reading them back;
 //! - `outliers`: the input channels summed in f32 beside the int8 product;
@@ -104,26 +104,26 @@ impl QLinear {
         if m == 0 || n == 0 {
             return vec![0f32; m * n];
         }
-        let kernel = Kernel::get();
+        let kernel = Q8Kernel::get();
         let mut rows = QuantRows::new(x, m, self.k, self.kp, kernel, &self.outliers.channels);
         // A tile's rows in `rows.data`: kp bytes each, signed for the Arm
         // tiles, and for `tile_smmla` in pairs of 8-byte runs.
         let row_bytes = match kernel {
-            Kernel::Sdot => {
+            Q8Kernel::Sdot => {
                 rows.make_signed();
                 self.kp
             }
-            Kernel::I8mm => {
+            Q8Kernel::I8mm => {
                 rows.pair_signed(self.kp);
                 pair_row_bytes(self.kp)
             }
             _ => self.kp,
         };
         // The f32 channels' vector loop: every x86 tile kernel's CPU has
-        // AVX2 (AVX-512 ones included: `Kernel::get` picks Vnni on
+        // AVX2 (AVX-512 ones included: `Q8Kernel::get` picks Vnni on
         // AVX-512F and AvxVnni on AVX-VNNI, each of which implies AVX2, as
         // rustc's target features have it).
-        let vector = matches!(kernel, Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2);
+        let vector = matches!(kernel, Q8Kernel::Vnni | Q8Kernel::AvxVnni | Q8Kernel::Avx2);
         let xs = self.outliers.gather(x, m, self.k);
         let xs_tile = self.outliers.channels.len() * TILE_ROWS;
         let mut out = Vec::<f32>::with_capacity(m * np);
@@ -158,28 +158,28 @@ impl QLinear {
                 // m) of `out`, in panel p's columns, which no other task
                 // touches.
                 match kernel {
-                    // SAFETY: `Kernel::get` picks Vnni only where `cpu()`
+                    // SAFETY: `Q8Kernel::get` picks Vnni only where `cpu()`
                     // found AVX-512F and AVX-512 VNNI; `out` as above.
                     #[cfg(target_arch = "x86_64")]
-                    Kernel::Vnni => unsafe { tile_vnni(&tile, out, np) },
-                    // SAFETY: `Kernel::get` picks Avx2 only where `cpu()`
+                    Q8Kernel::Vnni => unsafe { tile_vnni(&tile, out, np) },
+                    // SAFETY: `Q8Kernel::get` picks Avx2 only where `cpu()`
                     // found AVX2; `out` as above.
                     #[cfg(target_arch = "x86_64")]
-                    Kernel::Avx2 => unsafe { tile_avx2(&tile, out, np) },
-                    // SAFETY: `Kernel::get` picks AvxVnni only where `cpu()`
+                    Q8Kernel::Avx2 => unsafe { tile_avx2(&tile, out, np) },
+                    // SAFETY: `Q8Kernel::get` picks AvxVnni only where `cpu()`
                     // found AVX-VNNI (which implies AVX2); `out` as above.
                     #[cfg(target_arch = "x86_64")]
-                    Kernel::AvxVnni => unsafe { tile_avx_vnni(&tile, out, np) },
-                    // SAFETY: `Kernel::get` picks Sdot only where `cpu()`
+                    Q8Kernel::AvxVnni => unsafe { tile_avx_vnni(&tile, out, np) },
+                    // SAFETY: `Q8Kernel::get` picks Sdot only where `cpu()`
                     // found the dot product (NEON is aarch64's baseline);
                     // `out` as above.
                     #[cfg(target_arch = "aarch64")]
-                    Kernel::Sdot => unsafe { tile_sdot(&tile, out, np) },
-                    // SAFETY: `Kernel::get` picks I8mm only where `cpu()`
+                    Q8Kernel::Sdot => unsafe { tile_sdot(&tile, out, np) },
+                    // SAFETY: `Q8Kernel::get` picks I8mm only where `cpu()`
                     // found I8MM (NEON is aarch64's baseline); `out` as
                     // above.
                     #[cfg(target_arch = "aarch64")]
-                    Kernel::I8mm => unsafe { tile_smmla(&tile, out, np) },
+                    Q8Kernel::I8mm => unsafe { tile_smmla(&tile, out, np) },
                     // SAFETY: no CPU feature; `out` as above.
                     _ => unsafe { tile_portable(&tile, out, np) },
                 }
@@ -210,9 +210,9 @@ impl Packed for QLinear {
 
 /// Which tile kernel runs. On the same quantised weights all give the same
 /// integers, so the same floats; the AVX2 one needs activations within
-/// 0..=128 (`Kernel::activation_levels`).
+/// 0..=128 (`Q8Kernel::activation_levels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
+pub enum Q8Kernel {
     /// AVX-512 VNNI `vpdpbusd`: 64 u8 × i8 products per instruction.
     Vnni,
     /// AVX-VNNI `vpdpbusd` on 256 bits: 32 products per instruction.
@@ -232,7 +232,7 @@ pub enum Kernel {
     Portable,
 }
 
-impl Kernel {
+impl Q8Kernel {
     /// What q8 adds to a model's revision (an index keeps to one): `q8v2`,
     /// or `q8a7` for the AVX2 tile's 7-bit activations. An index of the
     /// int8 vectors before outlier channels (`q8`, or `q8w7` from 7-bit
@@ -251,15 +251,19 @@ impl Kernel {
     /// weights would (docs/benchmarks.md, "Choices").
     pub fn activation_levels(self) -> i32 {
         match self {
-            Kernel::Avx2 => 127,
-            Kernel::Vnni | Kernel::AvxVnni | Kernel::Sdot | Kernel::I8mm | Kernel::Portable => 255,
+            Q8Kernel::Avx2 => 127,
+            Q8Kernel::Vnni
+            | Q8Kernel::AvxVnni
+            | Q8Kernel::Sdot
+            | Q8Kernel::I8mm
+            | Q8Kernel::Portable => 255,
         }
     }
 
     /// The best this CPU runs; `RECALL_Q8=avx2`, `sdot` or `portable` picks
     /// a lesser one (to compare). Checked once.
-    pub fn get() -> Kernel {
-        static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    pub fn get() -> Q8Kernel {
+        static KERNEL: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
             use super::Q8Override;
             let (cpu, wanted) = (super::cpu(), super::overrides().q8);
@@ -267,17 +271,17 @@ impl Kernel {
             let below_i8mm = matches!(wanted, Some(Q8Override::Sdot | Q8Override::Portable));
             let portable = wanted == Some(Q8Override::Portable);
             if cpu.avx512_vnni && !below_vnni {
-                Kernel::Vnni
+                Q8Kernel::Vnni
             } else if cpu.avx_vnni && !below_vnni {
-                Kernel::AvxVnni
+                Q8Kernel::AvxVnni
             } else if cpu.avx2 && !portable {
-                Kernel::Avx2
+                Q8Kernel::Avx2
             } else if cpu.i8mm && !below_i8mm {
-                Kernel::I8mm
+                Q8Kernel::I8mm
             } else if cpu.dotprod && !portable {
-                Kernel::Sdot
+                Q8Kernel::Sdot
             } else {
-                Kernel::Portable
+                Q8Kernel::Portable
             }
         })
     }

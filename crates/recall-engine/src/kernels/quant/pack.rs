@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::activations::RowLoops;
 use super::outliers::{F32Channels, cleared};
-use super::{GROUP, Kernel, PANEL, QLinear};
+use super::{GROUP, PANEL, Q8Kernel, QLinear};
 use crate::packcache::Reader;
 
 impl QLinear {
@@ -30,7 +30,7 @@ impl QLinear {
         let mut rows = vec![0i8; np * kp];
         let mut scales = vec![0f32; np];
         let mut sums = vec![0i32; np];
-        let kernel = Kernel::get();
+        let kernel = Q8Kernel::get();
         rows.par_chunks_mut(kp)
             .zip(scales.par_iter_mut().zip(sums.par_iter_mut()))
             .zip(w.par_chunks(k.max(1)))
@@ -90,7 +90,7 @@ pub(super) const WEIGHT_LIMIT: i32 = 127;
 
 /// `q = round(v / scale)` for a row of weights (or keys), the scale its
 /// largest magnitude over WEIGHT_LIMIT: returns the scale and `Σ q`.
-pub(super) fn quantize_symmetric(q: &mut [i8], row: &[f32], kernel: Kernel) -> (f32, i32) {
+pub(super) fn quantize_symmetric(q: &mut [i8], row: &[f32], kernel: Q8Kernel) -> (f32, i32) {
     symmetric_with(q, row, RowLoops::of(kernel))
 }
 

@@ -21,8 +21,8 @@ pub(crate) fn values(len: usize, seed: usize, amplitude: f32) -> Vec<f32> {
 /// The kernel's integers, one output at a time, from unpacked data.
 fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let q = QLinear::quantize(w, n, k);
-    let levels = Kernel::get().activation_levels();
-    let rows = QuantRows::with(x, m, k, q.kp, RowLoops::of(Kernel::Portable), levels, &[]);
+    let levels = Q8Kernel::get().activation_levels();
+    let rows = QuantRows::with(x, m, k, q.kp, RowLoops::of(Q8Kernel::Portable), levels, &[]);
     let mut out = vec![0f32; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -83,17 +83,17 @@ fn every_kernel_gives_the_same_floats() {
     // lanes), which a NaN-keeping min would lose.
     x[2 * k + 9] = -5.0;
     x[2 * k + 25] = f32::NAN;
-    let portable = RowLoops::of(Kernel::Portable);
+    let portable = RowLoops::of(Q8Kernel::Portable);
     for levels in [255, 127] {
         let a = QuantRows::with(&x, m, k, kp, portable, levels, &[]);
         assert!(a.data[..k].iter().all(|&q| q as i32 == levels));
         assert!(a.data.iter().all(|&q| q as i32 <= levels + 1));
         for (kernel, run) in [
-            (Kernel::Avx2, avx2),
-            (Kernel::AvxVnni, avx2),
-            (Kernel::Vnni, vnni),
+            (Q8Kernel::Avx2, avx2),
+            (Q8Kernel::AvxVnni, avx2),
+            (Q8Kernel::Vnni, vnni),
             // The NEON loops: every aarch64 CPU runs them.
-            (Kernel::Sdot, cfg!(target_arch = "aarch64")),
+            (Q8Kernel::Sdot, cfg!(target_arch = "aarch64")),
         ] {
             if run {
                 let b = QuantRows::with(&x, m, k, kp, RowLoops::of(kernel), levels, &[]);
@@ -156,15 +156,15 @@ fn every_kernel_gives_the_same_floats() {
         for (name, kernel, run, tile_of) in [
             (
                 "AVX2",
-                Kernel::Avx2,
+                Q8Kernel::Avx2,
                 avx2,
                 tile_avx2 as unsafe fn(&Tile, *mut f32, usize),
             ),
-            ("AVX-512 VNNI", Kernel::Vnni, vnni, tile_vnni),
-            ("AVX-VNNI", Kernel::AvxVnni, avx_vnni, tile_avx_vnni),
+            ("AVX-512 VNNI", Q8Kernel::Vnni, vnni, tile_vnni),
+            ("AVX-VNNI", Q8Kernel::AvxVnni, avx_vnni, tile_avx_vnni),
             (
                 "AVX-VNNI's tile as AVX-512 VNNI on 256 bits",
-                Kernel::AvxVnni,
+                Q8Kernel::AvxVnni,
                 vnni_256,
                 tile_avx_vnni_as_avx512,
             ),
@@ -335,19 +335,19 @@ fn symmetric_rows_are_the_same_bytes_with_vector_loops() {
         not(any(target_arch = "x86_64", target_arch = "aarch64")),
         allow(unused_mut)
     )]
-    let mut kernels: Vec<Kernel> = Vec::new();
+    let mut kernels: Vec<Q8Kernel> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            kernels.push(Kernel::Vnni);
+            kernels.push(Q8Kernel::Vnni);
         }
         if std::arch::is_x86_feature_detected!("avx2") {
-            kernels.extend([Kernel::Avx2, Kernel::AvxVnni]);
+            kernels.extend([Q8Kernel::Avx2, Q8Kernel::AvxVnni]);
         }
     }
     // The NEON loops: every aarch64 CPU runs them.
     #[cfg(target_arch = "aarch64")]
-    kernels.extend([Kernel::Sdot]);
+    kernels.extend([Q8Kernel::Sdot]);
     if kernels.is_empty() {
         eprintln!("this CPU has no vector loop: only the portable one runs");
     }
@@ -364,7 +364,7 @@ fn symmetric_rows_are_the_same_bytes_with_vector_loops() {
             }
             for &kernel in &kernels {
                 let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
-                let portable = symmetric_with(&mut a, &row, RowLoops::of(Kernel::Portable));
+                let portable = symmetric_with(&mut a, &row, RowLoops::of(Q8Kernel::Portable));
                 let vectorised = quantize_symmetric(&mut b, &row, kernel);
                 assert_eq!(
                     (portable, &a),

@@ -231,7 +231,7 @@ tile_256!(
     /// One tile with AVX2, `vpdpbusd` done in three steps: `vpmaddubsw` (u8
     /// × i8, pairs summed into i16), `vpmaddwd` by ones (pairs of those into
     /// i32) and an add. The i16 sums are exact because this kernel's
-    /// activations stay within 0..=128 (`Kernel::activation_levels`):
+    /// activations stay within 0..=128 (`Q8Kernel::activation_levels`):
     /// 128 · 127 · 2 < 2¹⁵.
     ///
     /// # Safety
