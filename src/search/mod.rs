@@ -46,6 +46,61 @@ pub fn search(
     options: &SearchOptions,
 ) -> Result<(Vec<SessionHit>, SearchInfo)> {
     let query = query.trim();
+    let identity = searchable(store, query, options)?;
+    let (embedded, note) = embed_for_search(provider, query, &identity, options)?;
+    let dense_query = embedded.as_ref().and_then(|e| e.dense.as_deref());
+    let found = gather(store, query, embedded.as_ref(), &identity, options)?;
+    let candidates = found.candidates;
+    let sessions = sessions_of(found.chunks, &found.signals, options);
+    let mut ranked = rank_sessions(
+        store,
+        query,
+        dense_query,
+        &identity,
+        sessions,
+        &found.signals,
+        options,
+    )?;
+    if options.rerank {
+        let embedder = provider
+            .filter(|p| p.capabilities().colbert)
+            .context("--rerank needs recall's own model (ColBERT vectors)")?;
+        let q = embedded
+            .as_ref()
+            .and_then(|e| e.colbert.as_ref())
+            .context("--rerank needs the model's ColBERT vectors")?;
+        rerank(embedder, q, &mut ranked, options.limit.saturating_mul(4))?;
+    }
+    if options.mmr.is_none() {
+        // Only the results shown need their answers looked up.
+        ranked.truncate(options.limit);
+    }
+    let mut results: Vec<SessionHit> = ranked
+        .into_iter()
+        .map(|(s, standing)| s.into_hit(standing, query, store, &options.filters))
+        .collect::<Result<_>>()?;
+    if let Some(lambda) = options.mmr {
+        results = mmr(results, lambda, options.limit)?;
+    }
+    results.truncate(options.limit);
+    let mode = if embedded.is_some() {
+        Mode::Hybrid
+    } else {
+        Mode::Keyword
+    };
+    Ok((
+        results,
+        SearchInfo {
+            mode,
+            candidates,
+            note,
+        },
+    ))
+}
+
+/// The index's identity, once the query, the options and the index can be
+/// searched.
+fn searchable(store: &Store, query: &str, options: &SearchOptions) -> Result<Identity> {
     if query.is_empty() {
         bail!("the query is empty");
     }
@@ -59,33 +114,67 @@ pub fn search(
             store.path().display()
         );
     }
-    let pool = options.limit.saturating_mul(40).clamp(100, 1000);
+    Ok(identity)
+}
 
-    let mut note = None;
-    let embedded = match provider.filter(|_| options.signals != Signals::Keyword) {
-        Some(p) => {
-            check_model(p, &identity)?;
-            // Everything the query needs, in one pass: dense, sparse, and ColBERT for --rerank.
-            let outputs = Outputs {
-                dense: true,
-                sparse: identity.sparse && p.capabilities().sparse,
-                colbert: options.rerank,
-            };
-            match embed_query(p, query, outputs) {
-                Ok(e) => Some(e),
-                // Exact words still find something: better than nothing, and said.
-                Err(e) if options.signals == Signals::Hybrid && !options.rerank => {
-                    note = Some(format!("{}: {e:#}", p.name()));
-                    None
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        None => None,
+/// The query's embedding, everything the search needs in one pass (dense,
+/// sparse, and ColBERT for `--rerank`), and a note when it failed and a
+/// hybrid search goes on with exact words.
+fn embed_for_search(
+    provider: Option<&dyn Provider>,
+    query: &str,
+    identity: &Identity,
+    options: &SearchOptions,
+) -> Result<(Option<recall_engine::Embedding>, Option<String>)> {
+    let Some(p) = provider.filter(|_| options.signals != Signals::Keyword) else {
+        return Ok((None, None));
     };
-    let dense_query = embedded.as_ref().and_then(|e| e.dense.as_ref());
+    check_model(p, identity)?;
+    let outputs = Outputs {
+        dense: true,
+        sparse: identity.sparse && p.capabilities().sparse,
+        colbert: options.rerank,
+    };
+    match embed_query(p, query, outputs) {
+        Ok(e) => Ok((Some(e), None)),
+        // Exact words still find something: better than nothing, and said.
+        Err(e) if options.signals == Signals::Hybrid && !options.rerank => {
+            Ok((None, Some(format!("{}: {e:#}", p.name()))))
+        }
+        Err(e) => Err(e),
+    }
+}
 
-    // Candidate passages from each signal.
+/// What each signal said of the candidate passages.
+struct PassageSignals {
+    /// Every candidate's cosine to the query, when it has a dense vector.
+    dense_sim: HashMap<i64, f32>,
+    /// The cosine of the last dense candidate: a passage below it was not
+    /// among the nearest.
+    floor: f32,
+    keyword: Keyword,
+    sparse_rank: HashMap<i64, usize>,
+}
+
+/// The candidate passages of every signal, read from the store.
+struct Gathered {
+    chunks: HashMap<i64, Chunk>,
+    /// How many distinct passages the signals proposed.
+    candidates: usize,
+    signals: PassageSignals,
+}
+
+/// Candidate passages from each signal, with the cosine of those only
+/// keyword or sparse search found.
+fn gather(
+    store: &Store,
+    query: &str,
+    embedded: Option<&recall_engine::Embedding>,
+    identity: &Identity,
+    options: &SearchOptions,
+) -> Result<Gathered> {
+    let pool = options.limit.saturating_mul(40).clamp(100, 1000);
+    let dense_query = embedded.and_then(|e| e.dense.as_ref());
     let mut dense_sim: HashMap<i64, f32> = HashMap::new();
     let mut floor = f32::MIN;
     if let Some(dense) = dense_query {
@@ -98,7 +187,6 @@ pub fn search(
         _ => keyword_candidates(store, query, pool)?,
     };
     let sparse_list = match embedded
-        .as_ref()
         .and_then(|e| e.sparse.as_ref())
         .filter(|_| options.signals == Signals::Hybrid)
     {
@@ -130,13 +218,33 @@ pub fn search(
             identity.normalized,
         )?);
     }
+    Ok(Gathered {
+        chunks,
+        candidates,
+        signals: PassageSignals {
+            dense_sim,
+            floor,
+            keyword,
+            sparse_rank,
+        },
+    })
+}
 
-    // BM25 has no fixed scale: each passage's, and each session's, is a
-    // share of this query's best.
+/// Sessions, not fragments: the candidates of each lineage together, past
+/// Hermes's hiding and the filters, each session's passages best first.
+fn sessions_of(
+    chunks: HashMap<i64, Chunk>,
+    signals: &PassageSignals,
+    options: &SearchOptions,
+) -> Vec<Candidate> {
+    let PassageSignals {
+        dense_sim,
+        keyword,
+        sparse_rank,
+        ..
+    } = signals;
+    // BM25 has no fixed scale: each passage's is a share of this query's best.
     let best_words = keyword.words.values().copied().fold(0.0, f32::max);
-    let best_session_words = keyword.sessions.values().copied().fold(0.0, f32::max);
-
-    // Sessions, not fragments: the candidates of each lineage together.
     let mut sessions: Vec<Candidate> = Vec::new();
     let mut of_lineage: HashMap<(String, String), usize> = HashMap::new();
     for chunk in chunks.into_values() {
@@ -176,28 +284,35 @@ pub fn search(
                 .then(a.chunk.id.cmp(&b.chunk.id))
         });
     }
-    let titles = match dense_query {
-        Some(dense) => title_similarity(store, dense, &sessions)?,
-        None => vec![None; sessions.len()],
-    };
-    let title_match = title_matches(query, &sessions);
-    let evidence: Vec<rank::Evidence> = sessions
+    sessions
+}
+
+/// What `rank.rs` weighs of each session.
+fn evidence_of(
+    sessions: &[Candidate],
+    titles: &[Option<f32>],
+    title_match: &[bool],
+    keyword: &Keyword,
+    dense: bool,
+) -> Vec<rank::Evidence> {
+    // Like the passages', each session's BM25 is a share of the best.
+    let best_session_words = keyword.sessions.values().copied().fold(0.0, f32::max);
+    sessions
         .iter()
-        .zip(&titles)
-        .zip(&title_match)
+        .zip(titles)
+        .zip(title_match)
         .map(|((s, title), title_match)| rank::Evidence {
-            passages: match dense_query {
-                Some(_) => {
-                    let mut cosines: Vec<f32> = s
-                        .passages
-                        .iter()
-                        .map(|p| p.similarity)
-                        .filter(|c| c.is_finite())
-                        .collect();
-                    cosines.sort_by(|a, b| b.total_cmp(a));
-                    cosines
-                }
-                None => Vec::new(),
+            passages: if dense {
+                let mut cosines: Vec<f32> = s
+                    .passages
+                    .iter()
+                    .map(|p| p.similarity)
+                    .filter(|c| c.is_finite())
+                    .collect();
+                cosines.sort_by(|a, b| b.total_cmp(a));
+                cosines
+            } else {
+                Vec::new()
             },
             matches: s.passages.iter().map(|p| (p.cosine(), p.words)).collect(),
             coverage: s.passages.iter().map(|p| p.coverage).fold(0.0, f32::max),
@@ -221,7 +336,32 @@ pub fn search(
             keyword_match: *title_match || s.passages.iter().any(|p| p.exact),
             cron: s.passages[0].chunk.source == crate::source::hermes::CRON_SOURCE,
         })
-        .collect();
+        .collect()
+}
+
+/// The sessions ranked best first (`rank::standings`, then the age decay of
+/// `--half-life`).
+fn rank_sessions(
+    store: &Store,
+    query: &str,
+    dense_query: Option<&[f32]>,
+    identity: &Identity,
+    sessions: Vec<Candidate>,
+    signals: &PassageSignals,
+    options: &SearchOptions,
+) -> Result<Vec<(Candidate, rank::Standing)>> {
+    let titles = match dense_query {
+        Some(dense) => title_similarity(store, dense, &sessions)?,
+        None => vec![None; sessions.len()],
+    };
+    let title_match = title_matches(query, &sessions);
+    let evidence = evidence_of(
+        &sessions,
+        &titles,
+        &title_match,
+        &signals.keyword,
+        dense_query.is_some(),
+    );
     let spread = match dense_query {
         Some(dense) => {
             let sample = vector::sample_similarities(store, dense, identity.normalized)?;
@@ -229,12 +369,17 @@ pub fn search(
                 .iter()
                 .map(|s| s.passages.iter().map(|p| p.chunk.id).collect())
                 .collect();
-            rank::Spread::of(&sample, &evidence, &ids, floor, &options.ranking)
+            rank::Spread::of(&sample, &evidence, &ids, signals.floor, &options.ranking)
         }
         None => None,
     };
-    let standings = rank::standings(&evidence, floor, spread, options.fusion, &options.ranking);
-
+    let standings = rank::standings(
+        &evidence,
+        signals.floor,
+        spread,
+        options.fusion,
+        &options.ranking,
+    );
     let now = crate::index::unix_now();
     let mut ranked: Vec<(Candidate, rank::Standing)> =
         sessions.into_iter().zip(standings).collect();
@@ -249,41 +394,7 @@ pub fn search(
             .total_cmp(&a.1.fused)
             .then(a.0.passages[0].chunk.id.cmp(&b.0.passages[0].chunk.id))
     });
-    if options.rerank {
-        let embedder = provider
-            .filter(|p| p.capabilities().colbert)
-            .context("--rerank needs recall's own model (ColBERT vectors)")?;
-        let q = embedded
-            .as_ref()
-            .and_then(|e| e.colbert.as_ref())
-            .context("--rerank needs the model's ColBERT vectors")?;
-        rerank(embedder, q, &mut ranked, options.limit.saturating_mul(4))?;
-    }
-    if options.mmr.is_none() {
-        // Only the results shown need their answers looked up.
-        ranked.truncate(options.limit);
-    }
-    let mut results: Vec<SessionHit> = ranked
-        .into_iter()
-        .map(|(s, standing)| s.into_hit(standing, query, store, &options.filters))
-        .collect::<Result<_>>()?;
-    if let Some(lambda) = options.mmr {
-        results = mmr(results, lambda, options.limit)?;
-    }
-    results.truncate(options.limit);
-    let mode = if embedded.is_some() {
-        Mode::Hybrid
-    } else {
-        Mode::Keyword
-    };
-    Ok((
-        results,
-        SearchInfo {
-            mode,
-            candidates,
-            note,
-        },
-    ))
+    Ok(ranked)
 }
 
 /// A passage of a candidate session, with what each signal said of it.
