@@ -1,7 +1,7 @@
 //! `recall index` and `recall stats`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
@@ -214,33 +214,9 @@ pub fn index_with(
             aside.display()
         );
     }
-    // Until the first messages are embedded, say what takes the time.
-    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
-        let bar = ProgressBar::new_spinner().with_message(
-            "starting: loading the model (its first load also packs the weights), reading Hermes's history",
-        );
-        bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        bar
-    });
+    let bar = starting_bar(json);
     interrupt::report_on_ctrl_c();
-    // A new index takes the space of the chain's first provider: where that
-    // is recall's engine and its model cannot be loaded, no retry will help
-    // until the user acts, so it is an error (not a pause), and nothing is
-    // written first.
-    let mut first_chain = if index_path.exists() {
-        None
-    } else {
-        let chain = providers.chain(model, None)?;
-        if let Some(first) = chain
-            .providers()
-            .first()
-            .filter(|p| p.kind() == recall::provider::Kind::Local)
-            && let Err(e) = first.identity()
-        {
-            bail!("{}", no_model(&format!("{e:#}")));
-        }
-        Some(chain)
-    };
+    let mut first_chain = first_chain(&index_path, providers, model)?;
     // Damage found on the way is named with the way out.
     let run = || -> Result<()> {
         let mut store = Store::open(&index_path)?;
@@ -254,118 +230,181 @@ pub fn index_with(
             chunk: chunk.params_for(&chain, store.identity()?.as_ref().filter(|_| !rebuild)),
             rebuild,
         };
-        let started = std::time::Instant::now();
-        let bar_ref = Mutex::new(bar.clone());
-        let progress = move |done: usize, total: usize, chunks: usize, tokens: usize| {
-            interrupt::progress(done, total);
-            if let Some(bar) = bar_ref.lock().unwrap().as_ref() {
-                if bar.length() != Some(total as u64) {
-                    bar.set_style(
-                        ProgressStyle::with_template(
-                            "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
-                        )
-                        .expect("a valid template")
-                        .progress_chars("=> "),
-                    );
-                }
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-                let rate = tokens as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                bar.set_message(format!("{chunks} chunks, {rate:.0} tokens/s"));
-            }
-        };
+        let progress = progress_on(bar.clone());
         let report = index::run(&chain, &mut store, &profiles, &options, &progress)?;
         recall::search::vector::prepare(&store);
         if let Some(bar) = &bar {
             bar.finish_and_clear();
         }
-        if json {
-            let mut value = serde_json::to_value(&report)?;
-            value["index"] = json!(index_path);
-            println!("{value}");
-        } else if report.paused.is_none() || report.embedded_messages > 0 {
-            println!(
-                "indexed {} into {}: {} messages ({} embedded, {} unchanged, {} removed), {} chunks ({} from cache), \
-                 {} tokens in {:.1}s ({:.0} tokens/s)",
-                report.profiles.join(", "),
-                index_path.display(),
-                report.messages,
-                report.embedded_messages,
-                report.unchanged_messages,
-                report.deleted_messages,
-                report.chunks,
-                report.cached_chunks,
-                report.tokens,
-                report.seconds,
-                report.tokens_per_second
-            );
+        print_report(&report, &index_path, json, options.chunk.window)?;
+        match &report.paused {
+            Some(why) => Err(paused(why, &report).into()),
+            None => Ok(()),
         }
-        if report.embedded_by.len() > 1 || report.embedded_by.keys().any(|p| p != "local") {
-            eprintln!(
-                "embedded by: {}",
-                report
-                    .embedded_by
-                    .iter()
-                    .map(|(p, n)| format!("{p} {n} chunks"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        if report.truncated_chunks > 0 {
-            eprintln!(
-                "warning: {} chunks were longer than the model's limit and were truncated",
-                report.truncated_chunks
-            );
-        }
-        if report.capped_messages > 0 {
-            eprintln!(
-                "warning: {} messages are longer than {} chunks of {} tokens; only that much of each \
-                 was indexed (ids {}; `recall stats` counts them)",
-                report.capped_messages,
-                index::chunk::MAX_CHUNKS_PER_MESSAGE,
-                options.chunk.window,
-                id_list(&report.capped_ids)
-            );
-        }
-        if report.repaired_messages > 0 {
-            eprintln!(
-                "warning: {} messages in Hermes's database held bytes that are not UTF-8 text or a \
-                 timestamp that is no number (ids {}); they were indexed with those bytes replaced",
-                report.repaired_messages,
-                id_list(&report.repaired_ids)
-            );
-        }
-        if report.malformed_lines > 0 {
-            eprintln!(
-                "warning: {} malformed lines in Hermes session files were skipped",
-                report.malformed_lines
-            );
-        }
-        if report.rejected_messages > 0 {
-            eprintln!(
-                "warning: the provider refused {} messages (their reasons are above); they were left out \
-                 and are tried again on the next run",
-                report.rejected_messages
-            );
-        }
-        if let Some(why) = report.paused {
-            let waiting = if report.messages == 0 {
-                "nothing was indexed yet; it waits".to_string()
-            } else {
-                format!(
-                    "what was embedded is kept; {} messages wait",
-                    report.pending_messages
-                )
-            };
-            return Err(Paused(format!(
-                "indexing paused: {why}\n{waiting} for the next `recall index` \
-                 (`recall watch` retries by itself). `recall providers` shows each provider's state."
-            ))
-            .into());
-        }
-        Ok(())
     };
     run().map_err(|e| Store::explain(&index_path, e))
+}
+
+/// Until the first messages are embedded, a spinner saying what takes the
+/// time (on a terminal, without `--json`).
+fn starting_bar(json: bool) -> Option<ProgressBar> {
+    (!json && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new_spinner().with_message(
+            "starting: loading the model (its first load also packs the weights), reading Hermes's history",
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    })
+}
+
+/// The chain for a new index, checked before anything is written: a new
+/// index takes the space of the chain's first provider, and where that is
+/// recall's engine and its model cannot be loaded, no retry will help until
+/// the user acts, so it is an error (not a pause). `None` for an index that
+/// exists (its chain depends on the model it remembers).
+fn first_chain(
+    index_path: &Path,
+    providers: &ProviderArgs,
+    model: &ModelArgs,
+) -> Result<Option<recall::provider::Chain>> {
+    if index_path.exists() {
+        return Ok(None);
+    }
+    let chain = providers.chain(model, None)?;
+    if let Some(first) = chain
+        .providers()
+        .first()
+        .filter(|p| p.kind() == recall::provider::Kind::Local)
+        && let Err(e) = first.identity()
+    {
+        bail!("{}", no_model(&format!("{e:#}")));
+    }
+    Ok(Some(chain))
+}
+
+/// The indexing run's progress callback: Ctrl-C's report, and the bar.
+fn progress_on(bar: Option<ProgressBar>) -> impl Fn(usize, usize, usize, usize) {
+    let started = std::time::Instant::now();
+    let bar_ref = Mutex::new(bar);
+    move |done: usize, total: usize, chunks: usize, tokens: usize| {
+        interrupt::progress(done, total);
+        if let Some(bar) = bar_ref.lock().unwrap().as_ref() {
+            if bar.length() != Some(total as u64) {
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "indexing [{bar:30}] {pos}/{len} messages, {msg} ({elapsed}, ETA {eta})",
+                    )
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+                );
+            }
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            let rate = tokens as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!("{chunks} chunks, {rate:.0} tokens/s"));
+        }
+    }
+}
+
+/// What a run did: on standard output (a line, or JSON), and its warnings
+/// on standard error.
+fn print_report(
+    report: &index::Report,
+    index_path: &Path,
+    json: bool,
+    window: usize,
+) -> Result<()> {
+    if json {
+        let mut value = serde_json::to_value(report)?;
+        value["index"] = json!(index_path);
+        println!("{value}");
+    } else if report.paused.is_none() || report.embedded_messages > 0 {
+        println!(
+            "indexed {} into {}: {} messages ({} embedded, {} unchanged, {} removed), {} chunks ({} from cache), \
+             {} tokens in {:.1}s ({:.0} tokens/s)",
+            report.profiles.join(", "),
+            index_path.display(),
+            report.messages,
+            report.embedded_messages,
+            report.unchanged_messages,
+            report.deleted_messages,
+            report.chunks,
+            report.cached_chunks,
+            report.tokens,
+            report.seconds,
+            report.tokens_per_second
+        );
+    }
+    if report.embedded_by.len() > 1 || report.embedded_by.keys().any(|p| p != "local") {
+        eprintln!(
+            "embedded by: {}",
+            report
+                .embedded_by
+                .iter()
+                .map(|(p, n)| format!("{p} {n} chunks"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    print_warnings(report, window);
+    Ok(())
+}
+
+/// What was cut, repaired, skipped or refused, on standard error.
+fn print_warnings(report: &index::Report, window: usize) {
+    if report.truncated_chunks > 0 {
+        eprintln!(
+            "warning: {} chunks were longer than the model's limit and were truncated",
+            report.truncated_chunks
+        );
+    }
+    if report.capped_messages > 0 {
+        eprintln!(
+            "warning: {} messages are longer than {} chunks of {} tokens; only that much of each \
+             was indexed (ids {}; `recall stats` counts them)",
+            report.capped_messages,
+            index::chunk::MAX_CHUNKS_PER_MESSAGE,
+            window,
+            id_list(&report.capped_ids)
+        );
+    }
+    if report.repaired_messages > 0 {
+        eprintln!(
+            "warning: {} messages in Hermes's database held bytes that are not UTF-8 text or a \
+             timestamp that is no number (ids {}); they were indexed with those bytes replaced",
+            report.repaired_messages,
+            id_list(&report.repaired_ids)
+        );
+    }
+    if report.malformed_lines > 0 {
+        eprintln!(
+            "warning: {} malformed lines in Hermes session files were skipped",
+            report.malformed_lines
+        );
+    }
+    if report.rejected_messages > 0 {
+        eprintln!(
+            "warning: the provider refused {} messages (their reasons are above); they were left out \
+             and are tried again on the next run",
+            report.rejected_messages
+        );
+    }
+}
+
+/// The error of a run that paused: why, and what waits.
+fn paused(why: &str, report: &index::Report) -> Paused {
+    let waiting = if report.messages == 0 {
+        "nothing was indexed yet; it waits".to_string()
+    } else {
+        format!(
+            "what was embedded is kept; {} messages wait",
+            report.pending_messages
+        )
+    };
+    Paused(format!(
+        "indexing paused: {why}\n{waiting} for the next `recall index` \
+         (`recall watch` retries by itself). `recall providers` shows each provider's state."
+    ))
 }
 
 #[derive(Args)]

@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::provider::{Chain, Input};
-use crate::source::hermes::{HIDDEN_SOURCES, Message, Profile, Selection, StateDb};
+use crate::source::hermes::{HIDDEN_SOURCES, Message, Profile, Selection, Session, StateDb};
 use crate::space::Identity;
 use chunk::{ChunkParams, Chunker};
 use recall_engine::Embedder;
@@ -105,36 +105,17 @@ pub fn run(
     };
     chunker.check(options.chunk)?;
     let mut report = Report::default();
-    let existing = if options.rebuild {
-        None
-    } else {
-        store.identity()?
-    };
-    let bound = match existing {
-        Some(identity) => identity,
-        // A new index takes the space of the chain's first provider, never of
-        // whichever answers (a cloud fallback would be sent the whole history).
-        None => match chain.providers().first().map(|p| (p, p.identity())) {
-            Some((_, Ok(identity))) => {
-                let identity = identity.chunked(options.chunk.window, options.chunk.overlap);
-                store.bind(&identity, options.rebuild)?;
-                identity
+    let bound = match bound_identity(chain, store, options)? {
+        Ok(identity) => identity,
+        Err(unavailable) => {
+            report.paused = Some(unavailable);
+            for profile in profiles {
+                report.pending_messages +=
+                    read_profile(profile, &options.selection)?.messages.len();
             }
-            Some((first, Err(e))) => {
-                report.paused = Some(format!(
-                    "a new index takes the vector space of the chain's first provider, {}, which is unavailable: {e:#}\n\
-                     (to build it with another provider, name that one first: --provider NAME)",
-                    first.name()
-                ));
-                for profile in profiles {
-                    report.pending_messages +=
-                        read_profile(profile, &options.selection)?.messages.len();
-                }
-                report.seconds = started.elapsed().as_secs_f64();
-                return Ok(report);
-            }
-            None => bail!("the provider chain is empty"),
-        },
+            report.seconds = started.elapsed().as_secs_f64();
+            return Ok(report);
+        }
     };
     if (bound.chunk_tokens, bound.chunk_overlap) != (options.chunk.window, options.chunk.overlap) {
         bail!(
@@ -161,48 +142,13 @@ pub fn run(
     for profile in profiles {
         let snapshot = read_profile(profile, &options.selection)
             .with_context(|| format!("cannot read Hermes profile {:?}", profile.name))?;
-        report.profiles.push(profile.name.clone());
-        report.sessions += snapshot.sessions.len();
-        report.messages += snapshot.messages.len();
-        report.session_file_messages += snapshot.file_messages;
-        report.malformed_lines += snapshot.malformed_lines;
-        report.repaired_messages += snapshot.repaired.len();
-        let room = 10usize.saturating_sub(report.repaired_ids.len());
-        report
-            .repaired_ids
-            .extend(snapshot.repaired.iter().take(room));
-
-        let rows: Vec<SessionRow> = snapshot
-            .sessions
-            .values()
-            .map(|s| SessionRow {
-                session: s.clone(),
-                lineage_root: lineage_root(&s.id, &snapshot.sessions),
-                hidden: HIDDEN_SOURCES.contains(&s.source.as_str()),
-            })
-            .collect();
+        report.count_snapshot(&profile.name, &snapshot);
+        let rows = session_rows(&snapshot.sessions);
         store.put_sessions(&profile.name, &rows)?;
-
         let indexed = store.fingerprints(&profile.name)?;
-        let current: HashSet<i64> = snapshot.messages.iter().map(|m| m.id).collect();
-        let gone: Vec<i64> = indexed
-            .keys()
-            .copied()
-            .filter(|id| !current.contains(id))
-            .collect();
-        store.delete_messages(&profile.name, &gone)?;
-        report.deleted_messages += gone.len();
-
+        report.deleted_messages += remove_gone(store, &profile.name, &indexed, &snapshot.messages)?;
         let seen = snapshot.messages.len();
-        let todo: Vec<(Message, String)> = snapshot
-            .messages
-            .into_iter()
-            .map(|m| {
-                let fp = fingerprint(&m);
-                (m, fp)
-            })
-            .filter(|(m, fp)| !up_to_date(indexed.get(&m.id), fp, bound.sparse && local_fits))
-            .collect();
+        let todo = changed(snapshot.messages, &indexed, bound.sparse && local_fits);
         report.unchanged_messages += seen - todo.len();
         if report.paused.is_some() {
             report.pending_messages += todo.len();
@@ -229,6 +175,100 @@ pub fn run(
         0.0
     };
     Ok(report)
+}
+
+impl Report {
+    /// Counts what a profile's snapshot holds.
+    fn count_snapshot(&mut self, profile: &str, snapshot: &snapshot::Snapshot) {
+        self.profiles.push(profile.to_string());
+        self.sessions += snapshot.sessions.len();
+        self.messages += snapshot.messages.len();
+        self.session_file_messages += snapshot.file_messages;
+        self.malformed_lines += snapshot.malformed_lines;
+        self.repaired_messages += snapshot.repaired.len();
+        // The first ten are named in the warning.
+        let room = 10usize.saturating_sub(self.repaired_ids.len());
+        self.repaired_ids
+            .extend(snapshot.repaired.iter().take(room));
+    }
+}
+
+/// The identity the index is bound to: its own, or for a new (or rebuilt)
+/// one the chain's first provider's, bound now. A new index takes the
+/// space of the chain's first provider, never of whichever answers (a cloud
+/// fallback would be sent the whole history): why not, when that provider
+/// is unavailable (the run pauses).
+fn bound_identity(
+    chain: &Chain,
+    store: &mut Store,
+    options: &IndexOptions,
+) -> Result<Result<Identity, String>> {
+    if !options.rebuild
+        && let Some(identity) = store.identity()?
+    {
+        return Ok(Ok(identity));
+    }
+    match chain.providers().first().map(|p| (p, p.identity())) {
+        Some((_, Ok(identity))) => {
+            let identity = identity.chunked(options.chunk.window, options.chunk.overlap);
+            store.bind(&identity, options.rebuild)?;
+            Ok(Ok(identity))
+        }
+        Some((first, Err(e))) => Ok(Err(format!(
+            "a new index takes the vector space of the chain's first provider, {}, which is unavailable: {e:#}\n\
+             (to build it with another provider, name that one first: --provider NAME)",
+            first.name()
+        ))),
+        None => bail!("the provider chain is empty"),
+    }
+}
+
+/// The sessions of a profile as the store keeps them: with their lineage
+/// and whether Hermes hides them.
+fn session_rows(sessions: &HashMap<String, Session>) -> Vec<SessionRow> {
+    sessions
+        .values()
+        .map(|s| SessionRow {
+            session: s.clone(),
+            lineage_root: lineage_root(&s.id, sessions),
+            hidden: HIDDEN_SOURCES.contains(&s.source.as_str()),
+        })
+        .collect()
+}
+
+/// Deletes the indexed messages Hermes no longer has; how many.
+fn remove_gone(
+    store: &mut Store,
+    profile: &str,
+    indexed: &HashMap<i64, String>,
+    messages: &[Message],
+) -> Result<usize> {
+    let current: HashSet<i64> = messages.iter().map(|m| m.id).collect();
+    let gone: Vec<i64> = indexed
+        .keys()
+        .copied()
+        .filter(|id| !current.contains(id))
+        .collect();
+    store.delete_messages(profile, &gone)?;
+    Ok(gone.len())
+}
+
+/// The messages new or changed since they were indexed, with their
+/// fingerprints (`sparse`: a message a fallback embedded without sparse
+/// weights is changed too).
+fn changed(
+    messages: Vec<Message>,
+    indexed: &HashMap<i64, String>,
+    sparse: bool,
+) -> Vec<(Message, String)> {
+    messages
+        .into_iter()
+        .map(|m| {
+            let fp = fingerprint(&m);
+            (m, fp)
+        })
+        .filter(|(m, fp)| !up_to_date(indexed.get(&m.id), fp, sparse))
+        .collect()
 }
 
 /// One indexing run per index at a time: two at once would each embed
