@@ -129,13 +129,40 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
         args.query = query;
     }
     let store = Store::open_existing(index_path)?;
+    let provider = query_provider(&args, &store)?;
+    let options = search_options(&args)?;
+    let (hits, info) = search::search(&store, provider.as_deref(), &args.query, &options)?;
+    if let Some(note) = &info.note {
+        eprintln!("keyword-only search: the query could not be embedded: {note}");
+    }
+    note_lag(&args.hermes, &store);
+    if args.json {
+        // Each result says how it was found, so that a keyword-only answer is never taken for more.
+        for hit in &hits {
+            let mut value = serde_json::to_value(hit)?;
+            value["mode"] = serde_json::to_value(info.mode)?;
+            println!("{value}");
+        }
+        return Ok(());
+    }
+    print_hits(&hits, &info, &args);
+    Ok(())
+}
+
+/// What embeds the query: none for a keyword search or an empty index, and
+/// none (said) when no provider can and a hybrid search can go on with
+/// exact words.
+fn query_provider(
+    args: &SearchArgs,
+    store: &Store,
+) -> Result<Option<std::sync::Arc<dyn recall::provider::Provider>>> {
     // Someone is waiting: no 2.3 GB download, short timeouts and one retry.
     let chain = args
         .providers
         .chain_with(&args.model, store.model_dir()?, false, true)?;
-    let provider = match (Signals::from(args.signals), store.identity()?) {
+    Ok(match (Signals::from(args.signals), store.identity()?) {
         (Signals::Keyword, _) | (_, None) => None,
-        (_, Some(_)) => match recall::index::query_provider(&chain, &store)? {
+        (_, Some(_)) => match recall::index::query_provider(&chain, store)? {
             recall::index::QueryEmbedder::Ready(p) => Some(p),
             // Keyword search still finds exact words: better than nothing, and said.
             recall::index::QueryEmbedder::Unavailable(unavailable)
@@ -148,13 +175,17 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
             }
             recall::index::QueryEmbedder::Unavailable(unavailable) => bail!("{unavailable}"),
         },
-    };
+    })
+}
+
+/// The search the flags ask for.
+fn search_options(args: &SearchArgs) -> Result<SearchOptions> {
     let profiles = match (&args.hermes.profile_name(), args.hermes.all_profiles()) {
         (Some(p), _) => vec![p.clone()],
         (None, true) => Vec::new(),
         (None, false) => vec!["default".to_string()],
     };
-    let options = SearchOptions {
+    Ok(SearchOptions {
         limit: args.limit,
         fusion: args.fusion.into(),
         signals: args.signals.into(),
@@ -169,24 +200,23 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
             VectorScan::Binary => Strategy::Binary,
         },
         filters: Filters {
-            roles: args.role,
-            sources: args.source,
+            roles: args.role.clone(),
+            sources: args.source.clone(),
             since: args.since.as_deref().map(search::parse_time).transpose()?,
             until: args.until.as_deref().map(search::parse_time).transpose()?,
-            session: args.session,
+            session: args.session.clone(),
             profiles,
         },
-    };
-    let (hits, info) = search::search(&store, provider.as_deref(), &args.query, &options)?;
-    if let Some(note) = &info.note {
-        eprintln!("keyword-only search: the query could not be embedded: {note}");
-    }
-    // A search never fails for this look: Hermes's database may be busy.
+    })
+}
+
+/// Says when the index lacks messages Hermes has written. A search never
+/// fails for this look: Hermes's database may be busy.
+fn note_lag(hermes: &HermesArgs, store: &Store) {
     let selection = recall::source::hermes::Selection::default();
-    if let Ok(Some((lacking, since))) = args
-        .hermes
+    if let Ok(Some((lacking, since))) = hermes
         .profiles()
-        .and_then(|profiles| recall::index::behind(&store, &profiles, &selection))
+        .and_then(|profiles| recall::index::behind(store, &profiles, &selection))
     {
         eprintln!(
             "{INDEX_BEHIND} {lacking} messages Hermes wrote since {}: they cannot be found until \
@@ -194,21 +224,17 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
             search::rfc3339(since)
         );
     }
-    if args.json {
-        // Each result says how it was found, so that a keyword-only answer is never taken for more.
-        for hit in &hits {
-            let mut value = serde_json::to_value(hit)?;
-            value["mode"] = serde_json::to_value(info.mode)?;
-            println!("{value}");
-        }
-        return Ok(());
-    }
+}
+
+/// The results for a person: numbered, with where each was found and its
+/// snippets, the query's words highlighted.
+fn print_hits(hits: &[search::SessionHit], info: &search::SearchInfo, args: &SearchArgs) {
     if info.mode == search::Mode::Keyword && Signals::from(args.signals) != Signals::Keyword {
         println!("(keyword-only results: no embedding provider is available for this index)");
     }
     if hits.is_empty() {
         println!("no session matches (searched {} passages)", info.candidates);
-        return Ok(());
+        return;
     }
     if hits.iter().all(|h| h.weak) {
         println!("(only weak matches: nothing stands out as being about this)");
@@ -239,7 +265,6 @@ fn search_in(index_path: &std::path::Path, mut args: SearchArgs) -> Result<()> {
             println!("   {}", highlight(&printable(s), &args.query, color));
         }
     }
-    Ok(())
 }
 
 /// `text` with its control characters shown as escapes (`\u{1b}`), so that
