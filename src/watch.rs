@@ -199,16 +199,19 @@ impl Background {
         let thread = std::thread::Builder::new()
             .name("recall-watch".into())
             .spawn(move || {
-                watch(
-                    &chain,
-                    &index_path,
-                    &profiles,
-                    &options,
+                let what = Watch {
+                    chain: &chain,
+                    index_path: &index_path,
+                    profiles: &profiles,
+                    options: &options,
                     timing,
-                    &nudges,
-                    &stopped,
-                    &on_event,
-                )
+                };
+                let control = Control {
+                    nudges: &nudges,
+                    stop: &stopped,
+                    on_event: &on_event,
+                };
+                watch(&what, &control)
             })?;
         Ok(Self {
             nudge,
@@ -239,24 +242,66 @@ impl Drop for Background {
     }
 }
 
-/// Indexes `profiles` into the index at `index_path` whenever Hermes writes,
-/// until `stop` is set. `on_event` hears of every run.
-#[allow(clippy::too_many_arguments)]
-pub fn watch(
-    chain: &Chain,
-    index_path: &Path,
-    profiles: &[Profile],
-    options: &IndexOptions,
-    watch: WatchOptions,
-    nudges: &Receiver<()>,
-    stop: &AtomicBool,
-    on_event: &dyn Fn(Event),
-) -> Result<()> {
-    let _running = claim(index_path)?;
-    let paths = watched_paths(profiles);
+/// What a watch indexes, and how often it looks.
+pub struct Watch<'a> {
+    pub chain: &'a Chain,
+    pub index_path: &'a Path,
+    pub profiles: &'a [Profile],
+    pub options: &'a IndexOptions,
+    pub timing: WatchOptions,
+}
+
+/// How a running watch is woken, stopped and heard from.
+pub struct Control<'a> {
+    /// A message indexes at once (`Nudge`).
+    pub nudges: &'a Receiver<()>,
+    /// Set, the watch ends after the run in progress.
+    pub stop: &'a AtomicBool,
+    /// Hears of every run.
+    pub on_event: &'a dyn Fn(Event),
+}
+
+/// What the watch remembers between runs.
+#[derive(Default)]
+struct Runs {
+    /// The profiles' files as the last run found them.
+    indexed: Option<Signature>,
+    /// The last failure said, so that the same one is not said again.
+    last_error: Option<String>,
+    waiting_reported: bool,
+    nudged: bool,
+    /// When a paused run is tried again.
+    retry_at: Option<Instant>,
+}
+
+/// Indexes the watched profiles whenever Hermes writes, until told to stop.
+pub fn watch(what: &Watch, control: &Control) -> Result<()> {
+    let _running = claim(what.index_path)?;
+    let paths = watched_paths(what.profiles);
+    let (_watcher, notified) = file_notifications(what.profiles);
+    let mut runs = Runs::default();
+    while !control.stop.load(Ordering::Relaxed) {
+        let current = signature(&paths);
+        let retry_due = runs.retry_at.is_some_and(|t| Instant::now() >= t);
+        if runs.indexed.as_ref() != Some(&current) || runs.nudged || retry_due {
+            runs.retry_at = None;
+            let current = settled(&paths, current, what.timing.debounce);
+            run_once(what, control, &mut runs);
+            // What was indexed is the state before the run: writes during it
+            // change the signature again and are picked up next time.
+            runs.indexed = Some(current);
+            runs.nudged = false;
+        }
+        runs.nudged = wait(what.timing.poll, &notified, control);
+    }
+    Ok(())
+}
+
+/// File notifications of the profiles' homes, where the system has them:
+/// a shortcut; the poll is the guarantee.
+fn file_notifications(profiles: &[Profile]) -> (Option<notify::RecommendedWatcher>, Receiver<()>) {
     let (notified_tx, notified) = channel::<()>();
-    // Notifications are a shortcut; the poll below is the guarantee.
-    let _watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+    let watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
         let _ = notified_tx.send(());
     })
     .and_then(|mut w| {
@@ -269,87 +314,90 @@ pub fn watch(
     })
     .map_err(|e| tracing::debug!("file notifications unavailable ({e}); polling only"))
     .ok();
+    (watcher, notified)
+}
 
-    let mut indexed: Option<Signature> = None;
-    let mut last_error: Option<String> = None;
-    let mut waiting_reported = false;
-    let mut nudged = false;
-    let mut retry_at: Option<Instant> = None;
-    while !stop.load(Ordering::Relaxed) {
-        let mut current = signature(&paths);
-        let retry_due = retry_at.is_some_and(|t| Instant::now() >= t);
-        if indexed.as_ref() != Some(&current) || nudged || retry_due {
-            retry_at = None;
-            // Quiet for `debounce` (but never put off for more than a second).
-            let started = Instant::now();
-            loop {
-                std::thread::sleep(watch.debounce);
-                let again = signature(&paths);
-                if again == current || started.elapsed() > Duration::from_secs(1) {
-                    break;
-                }
-                current = again;
-            }
-            let missing: Vec<PathBuf> = profiles
-                .iter()
-                .map(|p| p.state_db())
-                .filter(|p| !p.is_file())
-                .collect();
-            if missing.len() == profiles.len() {
-                if !waiting_reported {
-                    on_event(Event::Waiting(&missing));
-                    waiting_reported = true;
-                }
-            } else {
-                waiting_reported = false;
-                let run = Store::open(index_path)
-                    .map_err(anyhow::Error::from)
-                    .and_then(|mut store| {
-                        let report =
-                            index::run(chain, &mut store, profiles, options, &|_, _, _, _| {})?;
-                        crate::search::vector::prepare(&store);
-                        Ok(report)
-                    });
-                match run {
-                    Ok(report) => {
-                        last_error = None;
-                        if report.paused.is_some() {
-                            retry_at = Some(Instant::now() + watch.retry);
-                        }
-                        on_event(Event::Indexed(&report));
-                    }
-                    Err(e) => {
-                        let message = format!("{e:#}");
-                        if last_error.as_ref() != Some(&message) {
-                            on_event(Event::Failed(&message));
-                            last_error = Some(message);
-                        }
-                    }
-                }
-            }
-            // What was indexed is the state before the run: writes during it
-            // change the signature again and are picked up next time.
-            indexed = Some(current);
-            nudged = false;
+/// The signature once the files have been quiet for `debounce` (but never
+/// put off for more than a second).
+fn settled(paths: &[PathBuf], mut current: Signature, debounce: Duration) -> Signature {
+    let started = Instant::now();
+    loop {
+        std::thread::sleep(debounce);
+        let again = signature(paths);
+        if again == current || started.elapsed() > Duration::from_secs(1) {
+            return current;
         }
-        let deadline = Instant::now() + watch.poll;
-        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            let slice = watch.poll.min(Duration::from_millis(100));
-            if notified.recv_timeout(Duration::ZERO).is_ok() {
-                // Drain a burst, then look at the files.
-                while notified.try_recv().is_ok() {}
-                break;
+        current = again;
+    }
+}
+
+/// One indexing run, or the wait for Hermes's first database; says what
+/// happened.
+fn run_once(what: &Watch, control: &Control, runs: &mut Runs) {
+    let missing: Vec<PathBuf> = what
+        .profiles
+        .iter()
+        .map(|p| p.state_db())
+        .filter(|p| !p.is_file())
+        .collect();
+    if missing.len() == what.profiles.len() {
+        if !runs.waiting_reported {
+            (control.on_event)(Event::Waiting(&missing));
+            runs.waiting_reported = true;
+        }
+        return;
+    }
+    runs.waiting_reported = false;
+    let run = Store::open(what.index_path)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut store| {
+            let report = index::run(
+                what.chain,
+                &mut store,
+                what.profiles,
+                what.options,
+                &|_, _, _, _| {},
+            )?;
+            crate::search::vector::prepare(&store);
+            Ok(report)
+        });
+    match run {
+        Ok(report) => {
+            runs.last_error = None;
+            if report.paused.is_some() {
+                runs.retry_at = Some(Instant::now() + what.timing.retry);
             }
-            match nudges.recv_timeout(slice) {
-                Ok(()) => {
-                    while nudges.try_recv().is_ok() {}
-                    nudged = true;
-                    break;
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(slice),
+            (control.on_event)(Event::Indexed(&report));
+        }
+        Err(e) => {
+            let message = format!("{e:#}");
+            if runs.last_error.as_ref() != Some(&message) {
+                (control.on_event)(Event::Failed(&message));
+                runs.last_error = Some(message);
             }
         }
     }
-    Ok(())
+}
+
+/// Waits up to `poll` for a file notification, a nudge or the stop; whether
+/// it was a nudge.
+fn wait(poll: Duration, notified: &Receiver<()>, control: &Control) -> bool {
+    let deadline = Instant::now() + poll;
+    while Instant::now() < deadline && !control.stop.load(Ordering::Relaxed) {
+        let slice = poll.min(Duration::from_millis(100));
+        if notified.recv_timeout(Duration::ZERO).is_ok() {
+            // Drain a burst, then look at the files.
+            while notified.try_recv().is_ok() {}
+            return false;
+        }
+        match control.nudges.recv_timeout(slice) {
+            Ok(()) => {
+                while control.nudges.try_recv().is_ok() {}
+                return true;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(slice),
+        }
+    }
+    false
 }

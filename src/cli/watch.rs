@@ -66,16 +66,19 @@ pub fn run(args: WatchArgs) -> Result<()> {
     );
     let json = args.json;
     let (_nudge, nudges) = watch::nudge_channel();
-    watch::watch(
-        &chain,
-        &index_path,
-        &profiles,
-        &options,
+    let what = watch::Watch {
+        chain: &chain,
+        index_path: &index_path,
+        profiles: &profiles,
+        options: &options,
         timing,
-        &nudges,
-        &AtomicBool::new(false),
-        &move |event| print_event(&event, json),
-    )
+    };
+    let control = watch::Control {
+        nudges: &nudges,
+        stop: &AtomicBool::new(false),
+        on_event: &move |event| print_event(&event, json),
+    };
+    watch::watch(&what, &control)
 }
 
 /// One line per run that changed something, and every problem.

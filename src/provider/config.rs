@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use super::http::Policy;
-use super::remote::Remote;
+use super::remote::{Remote, RemoteSettings};
 use super::{Chain, Input, Kind, Provider, Vector, ollama, openai};
 use crate::env;
 use crate::space::Identity;
@@ -394,18 +394,18 @@ fn remote(name: &str, p: &ProviderConfig, kind: Kind, interactive: bool) -> Resu
         _ => (256, 4),
     };
     Ok(RemoteProvider {
-        remote: Remote::new(
+        remote: Remote::new(RemoteSettings {
             name,
-            p.base_url.as_deref().unwrap_or_default(),
-            p.model.as_deref().unwrap_or_default(),
+            base: p.base_url.as_deref().unwrap_or_default(),
+            model: p.model.as_deref().unwrap_or_default(),
             api,
             policy,
             headers,
-            p.batch_size.unwrap_or(batch),
-            p.concurrency.unwrap_or(concurrency),
-            p.space.clone(),
-            p.dimension,
-        ),
+            batch: p.batch_size.unwrap_or(batch),
+            concurrency: p.concurrency.unwrap_or(concurrency),
+            family: p.space.clone(),
+            dimension: p.dimension,
+        }),
         missing_key: missing_key.then(|| p.api_key_env.clone().unwrap_or_default()),
     })
 }

@@ -53,20 +53,37 @@ pub struct Remote {
     known: Mutex<Option<Identity>>,
 }
 
+/// What a remote provider is configured with (`Remote::new`).
+pub struct RemoteSettings<'a> {
+    pub name: &'a str,
+    pub base: &'a str,
+    pub model: &'a str,
+    pub api: Box<dyn Api>,
+    pub policy: Policy,
+    pub headers: Vec<(&'static str, String)>,
+    /// Inputs per request, at most the API's limit.
+    pub batch: usize,
+    /// Requests at once, at least one.
+    pub concurrency: usize,
+    /// The configuration's `space` (family) and `dimension`, when given.
+    pub family: Option<String>,
+    pub dimension: Option<usize>,
+}
+
 impl Remote {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        name: &str,
-        base: &str,
-        model: &str,
-        api: Box<dyn Api>,
-        policy: Policy,
-        headers: Vec<(&'static str, String)>,
-        batch: usize,
-        concurrency: usize,
-        family: Option<String>,
-        dimension: Option<usize>,
-    ) -> Self {
+    pub fn new(settings: RemoteSettings) -> Self {
+        let RemoteSettings {
+            name,
+            base,
+            model,
+            api,
+            policy,
+            headers,
+            batch,
+            concurrency,
+            family,
+            dimension,
+        } = settings;
         let batch = batch.clamp(1, api.max_batch().unwrap_or(usize::MAX));
         let secret = headers
             .iter()
