@@ -402,6 +402,22 @@ pub fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
 }
 
+/// A vector written as JSON numbers, each f32 widened to f64 first: the
+/// digits of the f64 nearest the f32, which every client parses back to the
+/// same f32 (and which the routes have always written).
+pub struct Floats(pub Vec<f32>);
+
+impl serde::Serialize for Floats {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for &x in &self.0 {
+            seq.serialize_element(&f64::from(x))?;
+        }
+        seq.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

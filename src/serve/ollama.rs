@@ -9,10 +9,10 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{ApiError, Dialect, Inputs, Shared, nanos, parse_body};
+use super::{ApiError, Dialect, Floats, Inputs, Shared, nanos, parse_body};
 use recall_engine::Outputs;
 
 /// The Ollama API version this server speaks (`/api/embed` arrived in 0.3.0).
@@ -50,11 +50,27 @@ struct EmbeddingsRequest {
     options: Option<Value>,
 }
 
-fn reply(result: Result<Value, ApiError>) -> Response {
+fn reply<T: Serialize>(result: Result<T, ApiError>) -> Response {
     match result {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.render(Dialect::Ollama),
     }
+}
+
+/// Ollama's `/api/embed` answer.
+#[derive(Serialize)]
+struct EmbedResponse {
+    model: String,
+    embeddings: Vec<Floats>,
+    total_duration: u64,
+    load_duration: u64,
+    prompt_eval_count: usize,
+}
+
+/// Ollama's older `/api/embeddings` answer.
+#[derive(Serialize)]
+struct EmbeddingsResponse {
+    embedding: Floats,
 }
 
 async fn embed(State(state): State<Shared>, body: Bytes) -> Response {
@@ -87,18 +103,19 @@ async fn embed(State(state): State<Shared>, body: Bytes) -> Response {
                 .await?;
             let embeddings = state.embed(tokens, Outputs::DENSE).await?;
             let count: usize = embeddings.iter().map(|e| e.tokens).sum();
-            let vectors: Vec<Vec<f32>> = embeddings
-                .into_iter()
-                .map(|e| e.dense.unwrap_or_default())
-                .collect();
-            Ok(json!({
-                "model": request.model.unwrap_or_else(|| state.config.served_model_name.clone()),
-                "embeddings": vectors,
-                "total_duration": nanos(started.elapsed()),
+            Ok(EmbedResponse {
+                model: request
+                    .model
+                    .unwrap_or_else(|| state.config.served_model_name.clone()),
+                embeddings: embeddings
+                    .into_iter()
+                    .map(|e| Floats(e.dense.unwrap_or_default()))
+                    .collect(),
+                total_duration: nanos(started.elapsed()),
                 // The model was loaded when the server started.
-                "load_duration": 0,
-                "prompt_eval_count": count,
-            }))
+                load_duration: 0,
+                prompt_eval_count: count,
+            })
         }
         .await,
     )
@@ -114,7 +131,9 @@ async fn embeddings(State(state): State<Shared>, body: Bytes) -> Response {
                 .ok_or_else(|| ApiError::bad_request("`prompt` is missing"))?;
             let tokens = state.tokens(Inputs::Texts(vec![prompt]), true).await?;
             let mut embeddings = state.embed(tokens, Outputs::DENSE).await?;
-            Ok(json!({"embedding": embeddings.remove(0).dense.unwrap_or_default()}))
+            Ok(EmbeddingsResponse {
+                embedding: Floats(embeddings.remove(0).dense.unwrap_or_default()),
+            })
         }
         .await,
     )

@@ -10,7 +10,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ApiError, Dialect, Inputs, Shared, parse_body};
+use super::{ApiError, Dialect, Floats, Inputs, Shared, parse_body};
 use recall_engine::Outputs;
 
 pub fn routes() -> Router<Shared> {
@@ -110,10 +110,7 @@ struct EmbeddingEntry {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Vector {
-    /// Widened to f64, as JSON numbers are read: the digits written are
-    /// those of the f64 nearest the f32, which every client parses back to
-    /// the same f32.
-    Float(Vec<f64>),
+    Float(Floats),
     Base64(String),
 }
 
@@ -150,7 +147,7 @@ async fn answer(state: &Shared, body: &[u8]) -> Result<EmbeddingList, ApiError> 
                     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                     Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
                 }
-                EncodingFormat::Float => Vector::Float(v.into_iter().map(f64::from).collect()),
+                EncodingFormat::Float => Vector::Float(Floats(v)),
             };
             EmbeddingEntry {
                 object: "embedding",

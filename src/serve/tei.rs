@@ -8,10 +8,10 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{ApiError, Dialect, Inputs, Shared, parse_body};
+use super::{ApiError, Dialect, Floats, Inputs, Shared, parse_body};
 use recall_engine::{Embedding, Outputs};
 
 pub fn routes() -> Router<Shared> {
@@ -55,7 +55,15 @@ async fn run(state: &Shared, body: &[u8], outputs: Outputs) -> Result<Vec<Embedd
     state.embed(tokens, outputs).await
 }
 
-fn reply(result: Result<Value, ApiError>) -> Response {
+/// One token's weight in TEI's sparse answer (f64 as the other routes'
+/// numbers, `Floats`).
+#[derive(Serialize)]
+struct SparseValue {
+    index: u32,
+    value: f64,
+}
+
+fn reply<T: Serialize>(result: Result<T, ApiError>) -> Response {
     match result {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.render(Dialect::Tei),
@@ -64,11 +72,9 @@ fn reply(result: Result<Value, ApiError>) -> Response {
 
 async fn embed(State(state): State<Shared>, body: Bytes) -> Response {
     reply(run(&state, &body, Outputs::DENSE).await.map(|es| {
-        json!(
-            es.into_iter()
-                .map(|e| e.dense.unwrap_or_default())
-                .collect::<Vec<_>>()
-        )
+        es.into_iter()
+            .map(|e| Floats(e.dense.unwrap_or_default()))
+            .collect::<Vec<_>>()
     }))
 }
 
@@ -79,16 +85,18 @@ async fn embed_sparse(State(state): State<Shared>, body: Bytes) -> Response {
         colbert: false,
     };
     reply(run(&state, &body, outputs).await.map(|es| {
-        json!(
-            es.into_iter()
-                .map(|e| e
-                    .sparse
+        es.into_iter()
+            .map(|e| {
+                e.sparse
                     .unwrap_or_default()
                     .into_iter()
-                    .map(|(index, value)| json!({"index": index, "value": value}))
-                    .collect::<Vec<_>>())
-                .collect::<Vec<_>>()
-        )
+                    .map(|(index, value)| SparseValue {
+                        index,
+                        value: f64::from(value),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
     }))
 }
 
@@ -99,10 +107,12 @@ async fn embed_all(State(state): State<Shared>, body: Bytes) -> Response {
         colbert: true,
     };
     reply(run(&state, &body, outputs).await.map(|es| {
-        json!(
-            es.into_iter()
-                .map(|e| e.colbert.unwrap_or_default())
-                .collect::<Vec<_>>()
-        )
+        es.into_iter()
+            .map(|e| {
+                (e.colbert.unwrap_or_default().into_iter())
+                    .map(Floats)
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
     }))
 }
