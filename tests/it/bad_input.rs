@@ -1,8 +1,6 @@
 //! Broken model directories and bad input: a clear error naming the problem, never a panic.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use crate::common::*;
 
@@ -110,51 +108,36 @@ fn unsupported_config_is_named() {
     assert_contains(&load_error(&dir), &["config.json", "not valid JSON"]);
 }
 
-/// Runs the `recall` binary with `stdin`, returning (success, stdout, stderr).
-fn recall(args: &[&str], stdin: &[u8]) -> (bool, String, String) {
+/// `recall ARGS` with `stdin`, and a conversion cache of its own.
+fn recall_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
     let cache = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+    recall()
         .args(args)
         .env("RECALL_CACHE_DIR", cache.path())
-        .env_remove("RECALL_MODEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-    )
+        .stdin(stdin)
+        .output()
 }
 
 #[test]
 fn cli_rejects_empty_and_invalid_input() {
     let model = tiny_model_dir();
     let model = model.to_str().unwrap();
-    let (ok, _, err) = recall(&["embed", "--model", model], b"");
-    assert!(!ok);
-    assert_contains(&err, &["no input"]);
-    let (ok, _, err) = recall(&["embed", "--model", model], b"fine\n\xc3\x28 broken\n");
-    assert!(!ok);
-    assert_contains(&err, &["line 2", "not valid UTF-8"]);
-    let (ok, _, err) = recall(&["embed", "--model", "/nonexistent/model"], b"x\n");
-    assert!(!ok);
-    assert_contains(&err, &["/nonexistent/model", "no such directory"]);
-    let (ok, _, err) = recall(&["embed", "--model", model, "--max-length", "0", "x"], b"");
-    assert!(!ok);
-    assert_contains(&err, &["--max-length"]);
+    let out = recall_with_stdin(&["embed", "--model", model], b"").assert_err();
+    assert_contains(&out.stderr, &["no input"]);
+    let out =
+        recall_with_stdin(&["embed", "--model", model], b"fine\n\xc3\x28 broken\n").assert_err();
+    assert_contains(&out.stderr, &["line 2", "not valid UTF-8"]);
+    let out = recall_with_stdin(&["embed", "--model", "/nonexistent/model"], b"x\n").assert_err();
+    assert_contains(&out.stderr, &["/nonexistent/model", "no such directory"]);
+    let out =
+        recall_with_stdin(&["embed", "--model", model, "--max-length", "0", "x"], b"").assert_err();
+    assert_contains(&out.stderr, &["--max-length"]);
 }
 
 #[test]
 fn cli_embeds_stdin_as_json_lines() {
     let model = tiny_model_dir();
-    let (ok, out, err) = recall(
+    let out = recall_with_stdin(
         &[
             "embed",
             "--model",
@@ -163,9 +146,10 @@ fn cli_embeds_stdin_as_json_lines() {
             "--colbert",
         ],
         "first line\n第二行\n".as_bytes(),
-    );
-    assert!(ok, "{err}");
+    )
+    .assert_ok();
     let lines: Vec<serde_json::Value> = out
+        .stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -184,7 +168,7 @@ fn cli_embeds_stdin_as_json_lines() {
 #[test]
 fn cli_reports_truncation() {
     let model = tiny_model_dir();
-    let (ok, out, err) = recall(
+    let out = recall_with_stdin(
         &[
             "embed",
             "--model",
@@ -195,10 +179,16 @@ fn cli_reports_truncation() {
             "a",
         ],
         b"",
+    )
+    .assert_ok();
+    assert_contains(&out.stderr, &["1 of 2 inputs", "truncated"]);
+    assert!(
+        out.stdout
+            .lines()
+            .next()
+            .unwrap()
+            .contains("\"truncated\":true")
     );
-    assert!(ok, "{err}");
-    assert_contains(&err, &["1 of 2 inputs", "truncated"]);
-    assert!(out.lines().next().unwrap().contains("\"truncated\":true"));
 }
 
 /// A model whose weights give NaN never reaches a client or an index: the
@@ -207,11 +197,18 @@ fn cli_reports_truncation() {
 /// such a vector (an older recall stored it) skips that row instead of failing.
 #[test]
 fn nan_vectors_are_never_returned_or_stored() {
+    require!(hermes_python());
     let (_tmp, model) = nan_model(&tiny_model_dir());
     let model_arg = model.to_str().unwrap();
-    let (ok, out, err) = recall_cli(&["embed", "--model", model_arg, "hello"]);
-    assert!(!ok && !out.contains("null"), "{out}");
-    assert_contains(&err, &["not finite", model_arg]);
+    let out = recall()
+        .args(["embed", "--model", model_arg, "hello"])
+        .output();
+    assert!(
+        !out.success() && !out.stdout.contains("null"),
+        "{}",
+        out.stdout
+    );
+    assert_contains(&out.stderr, &["not finite", model_arg]);
 
     let server = Server::start(&model, &[]);
     let mut response = ureq::Agent::config_builder()
@@ -229,12 +226,13 @@ fn nan_vectors_are_never_returned_or_stored() {
     );
 
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
     let home_arg = home.to_str().unwrap();
-    let (ok, _, err) = recall_cli(&["index", "--hermes-home", home_arg, "--model", model_arg]);
-    assert!(!ok, "indexing with NaN weights succeeded");
-    assert_contains(&err, &["not finite"]);
+    let out = recall()
+        .args(["index", "--hermes-home", home_arg, "--model", model_arg])
+        .output();
+    assert!(!out.success(), "indexing with NaN weights succeeded");
+    assert_contains(&out.stderr, &["not finite"]);
     if let Ok(store) = recall::index::store::Store::open(&home.join("recall/index.db")) {
         assert_eq!(store.counts().unwrap().vectors, 0);
     }
@@ -244,16 +242,18 @@ fn nan_vectors_are_never_returned_or_stored() {
     let good_arg = good.to_str().unwrap();
     let index = tmp.path().join("good.db");
     let index_arg = index.to_str().unwrap();
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        home_arg,
-        "--index",
-        index_arg,
-        "--model",
-        good_arg,
-    ]);
-    assert!(ok, "{err}");
+    recall()
+        .args([
+            "index",
+            "--hermes-home",
+            home_arg,
+            "--index",
+            index_arg,
+            "--model",
+            good_arg,
+        ])
+        .output()
+        .assert_ok();
     let store = recall::index::store::Store::open(&index).unwrap();
     let dims = store.identity().unwrap().unwrap().dimension;
     let nan: Vec<u8> = std::iter::repeat_n(f32::NAN.to_le_bytes(), dims)
@@ -268,20 +268,23 @@ fn nan_vectors_are_never_returned_or_stored() {
         .unwrap();
     drop(store);
     for scan in ["exact", "binary"] {
-        let (ok, out, err) = recall_cli(&[
-            "search",
-            "--json",
-            "disk space",
-            "--hermes-home",
-            home_arg,
-            "--index",
-            index_arg,
-            "--model",
-            good_arg,
-            "--scan",
-            scan,
-        ]);
-        assert!(ok, "--scan {scan}: {err}");
+        let out = recall()
+            .args([
+                "search",
+                "--json",
+                "disk space",
+                "--hermes-home",
+                home_arg,
+                "--index",
+                index_arg,
+                "--model",
+                good_arg,
+                "--scan",
+                scan,
+            ])
+            .output()
+            .assert_ok();
+        let out = out.stdout;
         assert!(
             !out.is_empty() && !out.contains("NaN"),
             "--scan {scan}: {out}"
@@ -294,37 +297,30 @@ fn nan_vectors_are_never_returned_or_stored() {
 /// counted by `recall stats`.
 #[test]
 fn a_huge_message_is_indexed_up_to_its_cap() {
+    require!(hermes_python());
     use recall::index::chunk::MAX_CHUNKS_PER_MESSAGE;
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
+    let home = HermesHome::create(tmp.path().join("hermes"));
     let home_arg = home.to_str().unwrap();
-    hermes_db(&["create", home_arg]);
     let text: String = (0..100_000)
         .map(|i| format!("line {i}: the build log repeats what it did. "))
         .collect();
     let file = tmp.path().join("log.txt");
     std::fs::write(&file, &text).unwrap();
-    let huge = hermes_db(&[
-        "append-file",
-        home_arg,
-        "pasted-log",
-        "user",
-        file.to_str().unwrap(),
-    ])["id"]
-        .as_i64()
-        .unwrap();
+    let huge = home
+        .session("pasted-log")
+        .message_from_file("user", &file)
+        .id;
 
     let model = tiny_model_dir();
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        home_arg,
-        "--model",
-        model.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .arg("index")
+        .hermes_home(&home)
+        .model(&model)
+        .output()
+        .assert_ok();
     assert_contains(
-        &err,
+        &out.stderr,
         &[
             &format!("1 messages are longer than {MAX_CHUNKS_PER_MESSAGE} chunks"),
             &format!("ids {huge}"),
@@ -351,8 +347,11 @@ fn a_huge_message_is_indexed_up_to_its_cap() {
     );
     drop(store);
 
-    let (ok, out, err) = recall_cli(&["stats", "--hermes-home", home_arg]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .args(["stats", "--hermes-home", home_arg])
+        .output()
+        .assert_ok()
+        .stdout;
     assert!(out.contains("cut short:        1 messages"), "{out}");
 }
 
@@ -367,15 +366,18 @@ fn an_unknown_kernel_override_is_named() {
         ("RECALL_MATMUL", "avx512", "avx2, candle"),
         ("RECALL_BF16", "yes", "widen"),
     ] {
-        let (code, out, err) = recall_env(&["embed", "--model", model, "x"], &[(var, value)]);
-        assert_eq!(code, 1, "{var}={value}: {err}");
-        assert!(out.is_empty());
-        assert_contains(&err, &[&format!("{var}=\"{value}\""), accepted]);
+        let out = recall()
+            .args(["embed", "--model", model, "x"])
+            .env(var, value)
+            .output();
+        assert_eq!(out.code, 1, "{var}={value}: {}", out.stderr);
+        assert!(out.stdout.is_empty());
+        assert_contains(&out.stderr, &[&format!("{var}=\"{value}\""), accepted]);
     }
-    let (code, out, err) = recall_env(
-        &["embed", "--model", model, "x"],
-        &[("RECALL_Q8", "portable")],
-    );
-    assert_eq!(code, 0, "{err}");
-    assert!(out.starts_with('{'));
+    let out = recall()
+        .args(["embed", "--model", model, "x"])
+        .env("RECALL_Q8", "portable")
+        .output()
+        .assert_ok();
+    assert!(out.stdout.starts_with('{'));
 }

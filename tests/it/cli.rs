@@ -14,19 +14,24 @@ fn json_of(text: &str) -> Value {
 }
 
 /// A Hermes home written by the real Hermes, indexed with the tiny model.
-fn indexed_home() -> (tempfile::TempDir, std::path::PathBuf) {
+fn indexed_home() -> (tempfile::TempDir, HermesHome) {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("hermes");
     std::fs::create_dir_all(&home).unwrap();
-    hermes_db(&["create", home.to_str().unwrap()]);
-    recall_on(&["index"], &home, &tiny_model_dir(), &["--json"]);
+    let home = HermesHome::create(home);
+    recall()
+        .arg("index")
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .arg("--json")
+        .output()
+        .assert_ok();
     (tmp, home)
 }
 
 #[test]
 fn help_shows_examples_headings_environment_and_exit_codes() {
-    let (code, out, _) = recall_env(&["--help"], &[]);
-    assert_eq!(code, 0);
+    let out = recall().arg("--help").output().assert_ok().stdout;
     for wanted in [
         "Examples:",
         "RECALL_MODEL",
@@ -46,8 +51,11 @@ fn help_shows_examples_headings_environment_and_exit_codes() {
     ] {
         assert!(out.contains(wanted), "{wanted:?} in recall --help:\n{out}");
     }
-    let (code, out, _) = recall_env(&["search", "--help"], &[]);
-    assert_eq!(code, 0);
+    let out = recall()
+        .args(["search", "--help"])
+        .output()
+        .assert_ok()
+        .stdout;
     for heading in [
         "Output:",
         "Filters:",
@@ -73,37 +81,42 @@ fn help_shows_examples_headings_environment_and_exit_codes() {
         "{filters}"
     );
     // Where --roles does not choose what is indexed, it says what it does there.
-    let (_, out, _) = recall_env(&["stats", "--help"], &[]);
+    let out = recall().args(["stats", "--help"]).output().stdout;
     assert!(
         out.contains("to count the messages not indexed yet"),
         "{out}"
     );
-    let (_, out, _) = recall_env(&["index", "--help"], &[]);
+    let out = recall().args(["index", "--help"]).output().stdout;
     assert!(out.contains("Roles to index"), "{out}");
 }
 
 #[test]
 fn completions_for_every_shell_and_a_man_page() {
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
-        let (code, out, err) = recall_env(&["completions", shell], &[]);
-        assert_eq!(code, 0, "{shell}: {err}");
+        let out = recall()
+            .args(["completions", shell])
+            .output()
+            .assert_ok()
+            .stdout;
         for word in ["recall", "search", "--since", "hermes", "install"] {
             assert!(out.contains(word), "{shell} completion lacks {word:?}");
         }
     }
     // The bash script is valid bash.
-    let (_, script, _) = recall_env(&["completions", "bash"], &[]);
+    let script = recall().args(["completions", "bash"]).output().stdout;
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("recall.bash");
     std::fs::write(&file, &script).unwrap();
     let status = Command::new("bash").arg("-n").arg(&file).status().unwrap();
     assert!(status.success(), "bash -n refused the completion script");
-    let (code, _, err) = recall_env(&["completions", "tcsh"], &[]);
-    assert_eq!(code, 2, "an unknown shell is a usage error: {err}");
+    let err = recall()
+        .args(["completions", "tcsh"])
+        .output()
+        .assert_exit(2) // an unknown shell is a usage error
+        .stderr;
     assert!(err.contains("tcsh"), "{err}");
 
-    let (code, man, _) = recall_env(&["man"], &[]);
-    assert_eq!(code, 0);
+    let man = recall().arg("man").output().assert_ok().stdout;
     assert!(
         man.starts_with(".ie") || man.contains(".TH recall"),
         "{man}"
@@ -116,8 +129,7 @@ fn completions_for_every_shell_and_a_man_page() {
 
 #[test]
 fn version_names_commit_features_and_kernels() {
-    let (code, out, _) = recall_env(&["--version"], &[]);
-    assert_eq!(code, 0);
+    let out = recall().arg("--version").output().assert_ok().stdout;
     assert!(
         out.starts_with(&format!("recall {}", env!("CARGO_PKG_VERSION"))),
         "{out}"
@@ -140,47 +152,29 @@ fn version_names_commit_features_and_kernels() {
 
 #[test]
 fn json_everywhere_and_json_errors() {
+    require!(hermes_python());
     let (_tmp, home) = indexed_home();
-    let home_s = home.to_str().unwrap();
     let model = tiny_model_dir();
     let model_s = model.to_str().unwrap();
-    let at = ["--hermes-home", home_s];
+    // `recall ARGS --hermes-home HOME`.
+    let run = |args: &[&str]| recall().args(args).hermes_home(&home).output();
 
-    let with = |args: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        v.extend(at.iter().map(|s| s.to_string()));
-        v
-    };
-    let run = |args: Vec<String>| {
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        recall_env(&refs, &[])
-    };
-
-    let (code, out, err) = run(with(&["stats", "--json"]));
-    assert_eq!(code, 0, "{err}");
-    let stats = json_of(&out);
+    let out = run(&["stats", "--json"]).assert_ok();
+    let stats = json_of(&out.stdout);
     assert!(stats["sessions"].as_u64().unwrap() >= 5, "{stats}");
 
-    let (code, out, err) = run(with(&[
-        "search",
-        "docker images",
-        "--model",
-        model_s,
-        "--json",
-    ]));
-    assert_eq!(code, 0, "{err}");
-    let hits: Vec<Value> = out.lines().map(json_of).collect();
-    assert!(!hits.is_empty(), "{out}");
+    let out = run(&["search", "docker images", "--model", model_s, "--json"]).assert_ok();
+    let hits: Vec<Value> = out.stdout.lines().map(json_of).collect();
+    assert!(!hits.is_empty(), "{}", out.stdout);
     let session = hits[0]["session_id"].as_str().unwrap().to_string();
 
-    let (code, out, err) = run(with(&["show", &session, "--json"]));
-    assert_eq!(code, 0, "{err}");
-    let shown = json_of(&out);
+    let out = run(&["show", &session, "--json"]).assert_ok();
+    let shown = json_of(&out.stdout);
     assert_eq!(shown["session_id"], session.as_str(), "{shown}");
     assert!(!shown["messages"].as_array().unwrap().is_empty(), "{shown}");
 
-    let (_, out, err) = run(with(&["doctor", "--model", model_s, "--json"]));
-    let doctor = json_of(&out);
+    let out = run(&["doctor", "--model", model_s, "--json"]);
+    let doctor = json_of(&out.stdout);
     let checks = doctor["checks"].as_array().unwrap();
     assert!(
         checks
@@ -190,47 +184,49 @@ fn json_everywhere_and_json_errors() {
     );
     // doctor's problems (the plugin is not installed here) end in a JSON error.
     if doctor["problems"].as_u64().unwrap() > 0 {
-        assert_eq!(json_of(&err)["exit_code"], 1, "{err}");
+        assert_eq!(json_of(&out.stderr)["exit_code"], 1, "{}", out.stderr);
     }
 
-    let (code, out, err) = run(with(&["hermes", "status", "--json"]));
-    assert_eq!(code, 0, "{err}");
-    let status = json_of(&out);
+    let out = run(&["hermes", "status", "--json"]).assert_ok();
+    let status = json_of(&out.stdout);
     assert_eq!(status["plugin"]["installed"], false, "{status}");
     assert_eq!(status["index"]["exists"], true, "{status}");
     assert_eq!(status["index"]["lag_messages"], 0, "{status}");
 
-    let (code, out, err) = run(with(&["providers", "--model", model_s, "--json"]));
-    assert_eq!(code, 0, "{err}");
-    let _ = json_of(out.lines().next().unwrap());
+    let out = run(&["providers", "--model", model_s, "--json"]).assert_ok();
+    let _ = json_of(out.stdout.lines().next().unwrap());
 
-    let (code, out, err) = recall_env(&["model", "info", "--model", model_s, "--json"], &[]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(json_of(&out)["type"], "xlm-roberta", "{out}");
+    let out = recall()
+        .args(["model", "info", "--model", model_s, "--json"])
+        .output()
+        .assert_ok();
+    assert_eq!(
+        json_of(&out.stdout)["type"],
+        "xlm-roberta",
+        "{}",
+        out.stdout
+    );
 
     // Errors under --json: one object on standard error with a stable `error`
     // field and the exit code; usage errors too (exit 2).
     let missing = home.join("nowhere/index.db");
-    let (code, out, err) = recall_env(
-        &[
-            "search",
-            "disk",
-            "--index",
-            missing.to_str().unwrap(),
-            "--json",
-        ],
-        &[],
-    );
-    assert_eq!((code, out.as_str()), (1, ""), "{err}");
-    let error = json_of(&err);
+    let out = recall()
+        .args(["search", "disk", "--index"])
+        .arg(&missing)
+        .arg("--json")
+        .output();
+    assert_eq!((out.code, out.stdout.as_str()), (1, ""), "{}", out.stderr);
+    let error = json_of(&out.stderr);
     assert!(
         error["error"].as_str().unwrap().contains("nowhere"),
         "{error}"
     );
     assert_eq!(error["exit_code"], 1);
-    let (code, _, err) = recall_env(&["search", "disk", "--limit", "many", "--json"], &[]);
-    assert_eq!(code, 2, "{err}");
-    let error = json_of(&err);
+    let out = recall()
+        .args(["search", "disk", "--limit", "many", "--json"])
+        .output()
+        .assert_exit(2);
+    let error = json_of(&out.stderr);
     assert_eq!(
         (error["kind"].as_str(), error["exit_code"].as_u64()),
         (Some("usage"), Some(2))
@@ -240,31 +236,29 @@ fn json_everywhere_and_json_errors() {
         "{error}"
     );
     // Without --json, the same error is a plain line.
-    let (code, _, err) = recall_env(
-        &["search", "disk", "--index", missing.to_str().unwrap()],
-        &[],
-    );
-    assert_eq!(code, 1);
-    assert!(err.starts_with("error: "), "{err}");
+    let out = recall()
+        .args(["search", "disk", "--index"])
+        .arg(&missing)
+        .output();
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.starts_with("error: "), "{}", out.stderr);
 }
 
 #[test]
 fn colour_follows_the_flag_and_the_conventions() {
+    require!(hermes_python());
     let (_tmp, home) = indexed_home();
     let model = tiny_model_dir();
     let search = |extra: &[&str], envs: &[(&str, &str)]| {
-        let mut args = vec![
-            "search",
-            "docker images",
-            "--hermes-home",
-            home.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let (code, out, err) = recall_env(&args, envs);
-        assert_eq!(code, 0, "{err}");
-        out
+        recall()
+            .args(["search", "docker images"])
+            .hermes_home(&home)
+            .model(&model)
+            .args(extra)
+            .envs(envs.iter().copied())
+            .output()
+            .assert_ok()
+            .stdout
     };
     let bold = "\x1b[1m";
     // Not a terminal: plain text, as when piped to a file.
@@ -282,7 +276,8 @@ fn colour_follows_the_flag_and_the_conventions() {
 }
 
 /// `recall search` run in a pseudo-terminal by util-linux's `script`
-/// (installed by .ci/run); None only where `script` cannot make one.
+/// (installed by .ci/run): its output (standard error too, through the
+/// terminal); None only where `script` cannot make one.
 #[allow(clippy::type_complexity)]
 fn through_a_pty<'a>(
     home: &'a Path,
@@ -295,7 +290,7 @@ fn through_a_pty<'a>(
     match probe {
         Ok(s) if s.success() => {}
         // CI must have it: only a developer machine may lack it.
-        _ if std::env::var_os("CI").is_some() => panic!("util-linux `script` is needed in CI"),
+        _ if in_ci() => panic!("util-linux `script` is needed in CI"),
         _ => {
             eprintln!(
                 "`script` cannot open a pty here: the terminal half of the colour test is not run"
@@ -304,31 +299,16 @@ fn through_a_pty<'a>(
         }
     }
     Some(Box::new(move |envs: &[(&str, &str)]| {
-        let line = format!(
-            "{} search 'docker images' --hermes-home '{}' --model '{}'",
-            env!("CARGO_BIN_EXE_recall"),
-            home.display(),
-            model.display()
-        );
-        let mut cmd = Command::new("script");
-        cmd.args(["-qec", &line, "/dev/null"])
+        let out = recall()
+            .in_a_pty()
+            .args(["search", "docker images"])
+            .hermes_home(home)
+            .model(model)
             .env("TERM", "xterm")
-            .env_remove("NO_COLOR")
-            .env(
-                "RECALL_CACHE_DIR",
-                std::env::temp_dir().join("recall-test-cache"),
-            )
-            .stdin(Stdio::null());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+            .envs(envs.iter().copied())
+            .output();
+        assert!(out.success(), "{}", out.stdout);
+        out.stdout
     }))
 }
 
@@ -336,48 +316,44 @@ fn through_a_pty<'a>(
 fn verbosity_flags_and_recall_log() {
     let model = tiny_model_dir();
     let embed = |flags: &[&str], envs: &[(&str, &str)]| {
-        let mut args = flags.to_vec();
-        args.extend(["embed", "--model", model.to_str().unwrap(), "hello"]);
-        let (code, out, err) = recall_env(&args, envs);
-        assert_eq!(code, 0, "{err}");
-        assert!(out.contains("\"dense\""), "{out}");
-        err
+        let out = recall()
+            .args(flags)
+            .args(["embed", "--model", model.to_str().unwrap(), "hello"])
+            .envs(envs.iter().copied())
+            .output()
+            .assert_ok();
+        assert!(out.stdout.contains("\"dense\""), "{}", out.stdout);
+        out.stderr
     };
     let loaded = "loaded ";
     assert!(!embed(&[], &[]).contains(loaded));
     assert!(embed(&["-v"], &[]).contains(loaded));
     assert!(embed(&["-vv"], &[]).contains(loaded));
     // The flag also works after the subcommand (it is global).
-    let (code, _, err) = recall_env(
-        &["embed", "-v", "--model", model.to_str().unwrap(), "hello"],
-        &[],
-    );
-    assert_eq!(code, 0);
+    let err = recall()
+        .args(["embed", "-v", "--model", model.to_str().unwrap(), "hello"])
+        .output()
+        .assert_ok()
+        .stderr;
     assert!(err.contains(loaded), "{err}");
     // RECALL_LOG wins over -q.
     assert!(embed(&["-q"], &[("RECALL_LOG", "recall=debug")]).contains(loaded));
-    let (code, _, err) = recall_env(&["-q", "-v", "stats"], &[]);
-    assert_eq!(code, 2, "-q and -v conflict: {err}");
+    // -q and -v conflict.
+    recall().args(["-q", "-v", "stats"]).output().assert_exit(2);
 }
 
 #[test]
 fn dates_are_checked_and_documented_forms_accepted() {
+    require!(hermes_python());
     let (_tmp, home) = indexed_home();
     let model = tiny_model_dir();
     let search = |since: &str| {
-        recall_env(
-            &[
-                "search",
-                "disk",
-                "--hermes-home",
-                home.to_str().unwrap(),
-                "--model",
-                model.to_str().unwrap(),
-                "--since",
-                since,
-            ],
-            &[],
-        )
+        recall()
+            .args(["search", "disk"])
+            .hermes_home(&home)
+            .model(&model)
+            .args(["--since", since])
+            .output()
     };
     for bad in [
         "2026-02-31",
@@ -386,8 +362,9 @@ fn dates_are_checked_and_documented_forms_accepted() {
         "last tuesday",
         "7x",
     ] {
-        let (code, _, err) = search(bad);
-        assert_eq!(code, 1, "{bad} was accepted");
+        let out = search(bad);
+        assert_eq!(out.code, 1, "{bad} was accepted");
+        let err = out.stderr;
         assert!(err.contains(bad), "the error names {bad:?}: {err}");
     }
     for good in [
@@ -401,14 +378,15 @@ fn dates_are_checked_and_documented_forms_accepted() {
         "yesterday",
         "today",
     ] {
-        let (code, _, err) = search(good);
-        assert_eq!(code, 0, "{good}: {err}");
+        let out = search(good);
+        assert_eq!(out.code, 0, "{good}: {}", out.stderr);
     }
     // Hermes stamped the messages now: a day ago finds them, a window in the future nothing.
-    let (_, out, _) = search("yesterday");
+    let out = search("yesterday").stdout;
     assert!(out.contains("Disk cleanup"), "{out}");
-    let (code, out, _) = search("2100-01-01");
-    assert_eq!(code, 0);
+    let out = search("2100-01-01");
+    assert_eq!(out.code, 0);
+    let out = out.stdout;
     assert!(out.contains("no session matches"), "{out}");
 }
 
@@ -417,6 +395,7 @@ fn dates_are_checked_and_documented_forms_accepted() {
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
+    require!(hermes_python());
     let (_tmp, home) = indexed_home();
     let home = home.to_str().unwrap();
     let tiny = tiny_model_dir();
@@ -438,13 +417,8 @@ fn output_into_a_closed_pipe_ends_quietly() {
     ] {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
-        let out = Command::new(env!("CARGO_BIN_EXE_recall"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(writer)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let out = recall().args(&args).stdout(writer).output();
+        let stderr = &out.stderr;
         assert!(
             out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
             "{args:?}: {:?} {stderr}",

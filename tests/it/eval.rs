@@ -80,11 +80,7 @@ fn eval_home(root: &Path, split: &str) -> (PathBuf, Corpus) {
     if home.join("recall/index.db").exists() {
         return (home, corpus);
     }
-    hermes_db(&[
-        "eval-create",
-        home.to_str().unwrap(),
-        corpus_path.to_str().unwrap(),
-    ]);
+    HermesHome::eval(&home, &corpus_path);
     (home, corpus)
 }
 
@@ -169,7 +165,7 @@ impl Provider for Queries {
 impl Ranker {
     /// `split` indexed with all-MiniLM-L6-v2 (f32).
     fn minilm(root: &Path, cache: &Path, split: &str) -> Self {
-        Self::new(root, split, load(&minilm_dir(), cache).unwrap())
+        Self::new(root, split, load(&minilm(), cache).unwrap())
     }
 
     fn new(root: &Path, split: &str, embedder: recall::Embedder) -> Self {
@@ -306,6 +302,8 @@ fn eval_root() -> (Option<tempfile::TempDir>, PathBuf) {
 
 #[test]
 fn search_holds_its_floors_on_the_test_history() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let (_tmp, root) = eval_root();
     let cache = tempfile::tempdir().unwrap();
     let ranker = Ranker::minilm(&root, cache.path(), "test");
@@ -329,10 +327,7 @@ fn search_holds_its_floors_on_the_test_history() {
     let naive_answers = ranker.answers(&naive());
     let queries: Vec<&str> = corpus.queries.iter().map(|q| q.query.as_str()).collect();
     let home = ranker.store.path().parent().unwrap().parent().unwrap();
-    let mut args = vec!["hermes-search", home.to_str().unwrap()];
-    args.extend(&queries);
-    let fts: BTreeMap<String, Vec<String>> =
-        serde_json::from_value(hermes_db(&args)["results"].clone()).unwrap();
+    let fts = HermesHome::at(home).hermes_search(&queries);
     let fts: Answers = fts
         .into_iter()
         .map(|(q, ids)| {
@@ -426,6 +421,8 @@ fn blank_hit() -> SessionHit {
 /// dev all weak.
 #[test]
 fn defaults_are_the_best_on_dev() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let tmp = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let ranker = Ranker::minilm(tmp.path(), cache.path(), "dev");
@@ -640,12 +637,14 @@ fn lowest_cut_keeping_absent_weak(
 /// its space: docs/bf16.md).
 #[test]
 fn q8_and_bf16_keep_hit_at_5() {
+    require!(hermes_python());
+    let minilm = require!(minilm_dir());
     let tmp = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let mut table = Vec::new();
     let mut f32_ranker = None;
     for dtype in [recall::Dtype::F32, recall::Dtype::Q8, recall::Dtype::Bf16] {
-        let embedder = load_as(&minilm_dir(), cache.path(), dtype).unwrap();
+        let embedder = load_as(&minilm, cache.path(), dtype).unwrap();
         let ranker = Ranker::new(&tmp.path().join(dtype.as_str()), "test", embedder);
         table.push(hit_table(dtype.as_str(), &ranker));
         if dtype == recall::Dtype::F32 {
@@ -654,7 +653,7 @@ fn q8_and_bf16_keep_hit_at_5() {
     }
     let f32_index = Ranker {
         embedder: Queries::new(std::sync::Arc::new(
-            load_as(&minilm_dir(), cache.path(), recall::Dtype::Bf16).unwrap(),
+            load_as(&minilm, cache.path(), recall::Dtype::Bf16).unwrap(),
         )),
         ..f32_ranker.unwrap()
     };

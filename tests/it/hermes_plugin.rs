@@ -5,7 +5,6 @@
 //! config.yaml byte for byte as it was.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::common::*;
 use serde_json::Value;
@@ -14,10 +13,9 @@ const CONFIG: &str = "# my Hermes settings\nmodel:\n  default: anthropic/claude-
 const QUERY: &str = "nginx config error";
 const EXPECTED: &str = "20260302_090000_aa0002";
 
-fn history() -> (tempfile::TempDir, PathBuf) {
+fn history() -> (tempfile::TempDir, HermesHome) {
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
     std::fs::write(home.join("config.yaml"), CONFIG).unwrap();
     (tmp, home)
 }
@@ -27,33 +25,35 @@ fn hermes_sees(home: &Path) -> Value {
     hermes_script("plugin_check.py", &[home.to_str().unwrap(), QUERY])
 }
 
+/// `recall hermes install` with MiniLM, which must succeed; its output.
 fn install(home: &Path, extra: &[&str]) -> String {
-    recall_on(&["hermes", "install"], home, &minilm_dir(), extra)
+    recall()
+        .args(["hermes", "install"])
+        .hermes_home(home)
+        .model(&minilm())
+        .args(extra)
+        .output()
+        .assert_ok()
+        .stdout
 }
 
-/// `recall hermes install` without the `hermes` command: (success, stderr).
-fn install_without_hermes(home: &Path) -> (bool, String) {
-    let (ok, _, err) = recall_cli(&[
-        "hermes",
-        "install",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm_dir().to_str().unwrap(),
-        "--no-hermes-command",
-    ]);
-    (ok, err)
+/// `recall hermes install` without the `hermes` command.
+fn install_without_hermes(home: &Path) -> Output {
+    recall()
+        .args(["hermes", "install"])
+        .hermes_home(home)
+        .model(&minilm())
+        .arg("--no-hermes-command")
+        .output()
 }
 
 fn uninstall(home: &Path) -> String {
-    let (ok, out, err) = recall_cli(&[
-        "hermes",
-        "uninstall",
-        "--hermes-home",
-        home.to_str().unwrap(),
-    ]);
-    assert!(ok, "uninstall: {err}");
-    out
+    recall()
+        .args(["hermes", "uninstall"])
+        .hermes_home(home)
+        .output()
+        .assert_ok()
+        .stdout
 }
 
 /// Every file under `dir` with its bytes and modification time.
@@ -104,6 +104,8 @@ fn assert_tool_answers(seen: &Value, via: &str) {
 
 #[test]
 fn install_by_edit_then_uninstall_leaves_config_as_it_was() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let (_tmp, home) = history();
     // No `hermes` command: recall edits config.yaml itself.
     let out = install(
@@ -124,13 +126,8 @@ fn install_by_edit_then_uninstall_leaves_config_as_it_was() {
 
     // No server answers at that URL: the tool runs the binary. Hermes has
     // written a message since install indexed: the agent is told.
-    hermes_db(&[
-        "append",
-        home.to_str().unwrap(),
-        EXPECTED,
-        "user",
-        "and the nginx fix still holds",
-    ]);
+    home.session(EXPECTED)
+        .message("user", "and the nginx fix still holds");
     let seen = hermes_sees(&home);
     assert_tool_answers(&seen, "recall binary");
     let note = seen["result"]["index_note"].as_str().unwrap_or_default();
@@ -174,6 +171,8 @@ fn install_by_edit_then_uninstall_leaves_config_as_it_was() {
 /// edited or replaced; a backup that uninstall cannot put back is kept.
 #[test]
 fn config_yaml_is_never_exposed_destroyed_or_lost() {
+    require!(hermes_python());
+    require!(minilm_dir());
     use std::os::unix::fs::PermissionsExt;
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     let no_hermes = ["--no-hermes-command", "--server", "http://127.0.0.1:9"];
@@ -192,8 +191,11 @@ fn config_yaml_is_never_exposed_destroyed_or_lost() {
     // Not UTF-8: refused, naming the file, and left byte for byte.
     let latin1 = b"# r\xe9glages\nplugins:\n  enabled:\n  - other-plugin\n".to_vec();
     std::fs::write(&config, &latin1).unwrap();
-    let (ok, err) = install_without_hermes(&home);
-    assert!(!ok && err.contains("config.yaml is not UTF-8"), "{err}");
+    let Output { code, stderr, .. } = install_without_hermes(&home);
+    assert!(
+        code != 0 && stderr.contains("config.yaml is not UTF-8"),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read(&config).unwrap(), latin1);
     assert!(!home.join("config.yaml.recall-backup").exists());
 
@@ -220,6 +222,8 @@ fn config_yaml_is_never_exposed_destroyed_or_lost() {
 /// the edited file), and refuses YAML it would not keep, touching nothing.
 #[test]
 fn config_yaml_edit_keeps_its_bytes_or_refuses() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let no_hermes = ["--no-hermes-command", "--server", "http://127.0.0.1:9"];
     let (_tmp, home) = history();
     let config = home.join("config.yaml");
@@ -242,16 +246,21 @@ fn config_yaml_edit_keeps_its_bytes_or_refuses() {
 
     let flow = "plugins:\n  enabled: [alpha,\n    beta]\n";
     std::fs::write(&config, flow).unwrap();
-    let (ok, err) = install_without_hermes(&home);
-    assert!(!ok && err.contains("plugins.enabled by hand"), "{err}");
+    let Output { code, stderr, .. } = install_without_hermes(&home);
+    assert!(
+        code != 0 && stderr.contains("plugins.enabled by hand"),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read_to_string(&config).unwrap(), flow);
     assert!(!home.join("config.yaml.recall-backup").exists());
 }
 
 #[test]
 fn install_with_the_hermes_command_and_a_running_server() {
+    let python = require!(hermes_python());
+    require!(minilm_dir());
     let (_tmp, home) = history();
-    let hermes = Path::new(&hermes_python()).with_file_name("hermes");
+    let hermes = python.with_file_name("hermes");
     assert!(
         hermes.is_file(),
         "no hermes command at {}",
@@ -270,7 +279,7 @@ fn install_with_the_hermes_command_and_a_running_server() {
 
     // `recall serve` on a free port: the plugin's fast path.
     let server = Server::start(
-        &minilm_dir(),
+        &minilm(),
         &["--watch", "--hermes-home", home.to_str().unwrap()],
     );
     let url = server.base.clone();
@@ -291,9 +300,12 @@ fn install_with_the_hermes_command_and_a_running_server() {
     };
     assert_tool_answers(&seen, "recall serve");
 
-    let (ok, status, err) =
-        recall_cli(&["hermes", "status", "--hermes-home", home.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    let status = recall()
+        .args(["hermes", "status"])
+        .hermes_home(&home)
+        .output()
+        .assert_ok()
+        .stdout;
     assert!(status.contains("enabled:  yes"), "{status}");
     assert!(status.contains("watcher running"), "{status}");
     assert!(status.contains("watcher:  running"), "{status}");
@@ -305,30 +317,24 @@ fn install_with_the_hermes_command_and_a_running_server() {
         std::fs::read_to_string(home.join("config.yaml")).unwrap(),
         CONFIG
     );
-    let (ok, status, _) =
-        recall_cli(&["hermes", "status", "--hermes-home", home.to_str().unwrap()]);
-    assert!(ok && status.contains("not installed"), "{status}");
+    let out = recall()
+        .args(["hermes", "status"])
+        .hermes_home(&home)
+        .output();
+    assert!(
+        out.success() && out.stdout.contains("not installed"),
+        "{}",
+        out.stdout
+    );
 }
 
-/// `recall ARGS` with service files under CONFIG_HOME and PATH as given:
-/// (success, stdout, stderr).
-fn with_service_files(config_home: &Path, path: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_recall"))
+/// `recall ARGS` with service files under CONFIG_HOME and PATH as given.
+fn with_service_files(config_home: &Path, path: &str, args: &[&str]) -> Output {
+    recall()
         .args(args)
         .env("XDG_CONFIG_HOME", config_home)
         .env("PATH", path)
-        .env(
-            "RECALL_CACHE_DIR",
-            std::env::temp_dir().join("recall-test-cache"),
-        )
-        .env_remove("RECALL_DTYPE")
         .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// `recall hermes install --service` of the history at HOME with MODEL, not indexing.
@@ -350,16 +356,18 @@ fn service_install<'a>(home: &'a str, model: &'a str) -> [&'a str; 9] {
 /// `systemctl`/`launchctl` on PATH; it must succeed. Its standard output.
 fn hermes_with_service(config_home: &Path, args: &[&str]) -> String {
     let args = [&["hermes"][..], args].concat();
-    let (ok, out, err) = with_service_files(config_home, "/nonexistent", &args);
-    assert!(ok, "recall {args:?}: {err}");
-    out
+    with_service_files(config_home, "/nonexistent", &args)
+        .assert_ok()
+        .stdout
 }
 
 #[test]
 fn service_file_runs_serve_with_watch() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let (tmp, home) = history();
     let config_home = tmp.path().join("xdg");
-    let model = minilm_dir();
+    let model = minilm();
     let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
     let out = hermes_with_service(&config_home, &service_install(home_s, model_s)[1..]);
     let unit = config_home.join("systemd/user/recall-watch.service");
@@ -387,6 +395,8 @@ fn service_file_runs_serve_with_watch() {
 /// not running" and `doctor` warns.
 #[test]
 fn a_service_that_cannot_start_says_so() {
+    require!(hermes_python());
+    require!(minilm_dir());
     use std::os::unix::fs::PermissionsExt;
     let (tmp, home) = history();
     let config_home = tmp.path().join("xdg");
@@ -400,9 +410,9 @@ fn a_service_that_cannot_start_says_so() {
     .unwrap();
     std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = format!("{}:/usr/bin:/bin", bin.display());
-    let model = minilm_dir();
+    let model = minilm();
     let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
-    let recall = |args: &[&str]| with_service_files(&config_home, &path, args).1;
+    let recall = |args: &[&str]| with_service_files(&config_home, &path, args).stdout;
     let out = recall(&service_install(home_s, model_s));
     assert!(
         out.contains("not started: Failed to connect to bus: No medium found"),
@@ -430,9 +440,11 @@ fn a_service_that_cannot_start_says_so() {
 /// built, instead of refusing it as another model.
 #[test]
 fn q8_reaches_the_plugin_and_the_service() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let (tmp, home) = history();
     let config_home = tmp.path().join("xdg");
-    let model = minilm_dir();
+    let model = minilm();
     let (home_s, model_s) = (home.to_str().unwrap(), model.to_str().unwrap());
     hermes_with_service(
         &config_home,

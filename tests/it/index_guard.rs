@@ -30,18 +30,14 @@ fn assert_unchanged(before: &[(PathBuf, String)]) {
     }
 }
 
-fn index_cli(home: &Path, extra: &[&str]) -> (bool, String, String) {
-    let model = tiny_model_dir();
-    let mut args = vec![
-        "index",
-        "--json",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    recall_cli(&args)
+/// `recall index --json` of `home` with the tiny model, and EXTRA.
+fn index_cli(home: &Path, extra: &[&str]) -> Output {
+    recall()
+        .args(["index", "--json"])
+        .hermes_home(home)
+        .model(&tiny_model_dir())
+        .args(extra)
+        .output()
 }
 
 fn application_id(path: &Path) -> i32 {
@@ -53,10 +49,10 @@ fn application_id(path: &Path) -> i32 {
 
 #[test]
 fn hermes_state_db_is_never_written_as_an_index() {
+    require!(hermes_python());
     for mode in ["wal", "delete"] {
         let tmp = tempfile::tempdir().unwrap();
-        let home = tmp.path().join("hermes");
-        hermes_db(&["create", home.to_str().unwrap(), "--mode", mode]);
+        let home = HermesHome::create_in_mode(tmp.path().join("hermes"), mode);
         let state_db = home.join("state.db");
         let before = hashes(&state_db);
         // The slip itself, the same file by another name, and a copy of it
@@ -66,8 +62,13 @@ fn hermes_state_db_is_never_written_as_an_index() {
         let copy_hash = sha256(&copy);
         let other_name = home.join(".").join("state.db");
         for target in [&state_db, &other_name, &copy] {
-            let (ok, _, err) = index_cli(&home, &["--index", target.to_str().unwrap()]);
-            assert!(!ok, "{mode}: indexing into {} succeeded", target.display());
+            let out = index_cli(&home, &["--index", target.to_str().unwrap()]);
+            assert!(
+                !out.success(),
+                "{mode}: indexing into {} succeeded",
+                target.display()
+            );
+            let err = out.stderr;
             assert!(err.contains(target.to_str().unwrap()), "{err}");
             assert!(err.contains("Hermes"), "{err}");
             assert!(!err.contains("FOREIGN KEY"), "{err}");
@@ -75,19 +76,18 @@ fn hermes_state_db_is_never_written_as_an_index() {
                 let extra: &[&str] = if rebuild { &["--rebuild"] } else { &[] };
                 let mut args = vec!["--index", target.to_str().unwrap()];
                 args.extend_from_slice(extra);
-                assert!(!index_cli(&home, &args).0);
+                assert!(!index_cli(&home, &args).success());
             }
             // Every command that opens an index refuses it too.
             for command in [&["search", "disk"][..], &["stats"][..]] {
-                let mut args = command.to_vec();
-                args.extend([
-                    "--hermes-home",
-                    home.to_str().unwrap(),
-                    "--index",
-                    target.to_str().unwrap(),
-                ]);
-                let (ok, _, err) = recall_cli(&args);
-                assert!(!ok, "{command:?} on {}", target.display());
+                let out = recall()
+                    .args(command)
+                    .hermes_home(&home)
+                    .arg("--index")
+                    .arg(target)
+                    .output();
+                assert!(!out.success(), "{command:?} on {}", target.display());
+                let err = out.stderr;
                 assert!(err.contains("not a recall index"), "{command:?}: {err}");
             }
         }
@@ -109,15 +109,9 @@ fn hermes_state_db_is_never_written_as_an_index() {
         ));
         assert_unchanged(&before);
         // Hermes goes on writing, and the default index is built as usual.
-        hermes_db(&[
-            "append",
-            home.to_str().unwrap(),
-            "20260301_101500_aa0001",
-            "user",
-            "still writable",
-        ]);
-        let (ok, _, err) = index_cli(&home, &[]);
-        assert!(ok, "{err}");
+        home.session("20260301_101500_aa0001")
+            .message("user", "still writable");
+        index_cli(&home, &[]).assert_ok();
         let index = home.join("recall/index.db");
         assert_eq!(application_id(&index), guard::APPLICATION_ID);
         let tables: i64 = Connection::open(&state_db)
@@ -134,9 +128,9 @@ fn hermes_state_db_is_never_written_as_an_index() {
 
 #[test]
 fn only_new_empty_or_recall_files_are_written() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
 
     // Refused, left byte-identical.
     let text = tmp.path().join("passwd");
@@ -163,8 +157,9 @@ fn only_new_empty_or_recall_files_are_written() {
         for extra in [&[][..], &["--rebuild"][..]] {
             let mut args = vec!["--index", path.to_str().unwrap()];
             args.extend_from_slice(extra);
-            let (ok, _, err) = index_cli(&home, &args);
-            assert!(!ok, "{}", path.display());
+            let out = index_cli(&home, &args);
+            assert!(!out.success(), "{}", path.display());
+            let err = out.stderr;
             assert!(err.contains(path.to_str().unwrap()), "{err}");
             assert!(err.contains(what), "{what:?} in {err}");
         }
@@ -186,22 +181,21 @@ fn only_new_empty_or_recall_files_are_written() {
         .unwrap();
     let new = tmp.path().join("sub/dir/new.db");
     for path in [&empty, &bare, &new] {
-        let (ok, _, err) = index_cli(&home, &["--index", path.to_str().unwrap()]);
-        assert!(ok, "{}: {err}", path.display());
+        let out = index_cli(&home, &["--index", path.to_str().unwrap()]);
+        assert!(out.success(), "{}: {}", path.display(), out.stderr);
         assert_eq!(application_id(path), guard::APPLICATION_ID);
         assert_eq!(guard::inspect(path).unwrap(), Found::Index { marked: true });
         // And it is used again as recall's own.
-        let (ok, _, err) = index_cli(&home, &["--index", path.to_str().unwrap()]);
-        assert!(ok, "{err}");
+        index_cli(&home, &["--index", path.to_str().unwrap()]).assert_ok();
     }
 }
 
 #[test]
 fn an_index_from_before_the_mark_is_recognised_and_marked() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
-    assert!(index_cli(&home, &[]).0);
+    let home = HermesHome::create(tmp.path().join("hermes"));
+    assert!(index_cli(&home, &[]).success());
     let index = home.join("recall/index.db");
     Connection::open(&index)
         .unwrap()
@@ -211,8 +205,7 @@ fn an_index_from_before_the_mark_is_recognised_and_marked() {
         guard::inspect(&index).unwrap(),
         Found::Index { marked: false }
     );
-    let (ok, out, err) = index_cli(&home, &[]);
-    assert!(ok, "{err}");
+    let out = index_cli(&home, &[]).assert_ok().stdout;
     assert!(out.contains("\"unchanged_messages\":15"), "{out}");
     assert_eq!(application_id(&index), guard::APPLICATION_ID);
 }
@@ -234,10 +227,10 @@ fn damage(path: &Path) {
 
 #[test]
 fn a_damaged_index_is_named_and_rebuild_sets_it_aside() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
-    assert!(index_cli(&home, &[]).0);
+    let home = HermesHome::create(tmp.path().join("hermes"));
+    assert!(index_cli(&home, &[]).success());
     let index = home.join("recall/index.db");
     // Checkpointed and closed: the damage is in the file SQLite reads.
     Connection::open(&index)
@@ -265,12 +258,18 @@ fn a_damaged_index_is_named_and_rebuild_sets_it_aside() {
             );
             assert_eq!(sha256(&index), damaged);
         }
-        let (ok, _, err) = index_cli(&home, &[]);
-        assert!(!ok, "indexing into a damaged index succeeded");
+        let out = index_cli(&home, &[]);
+        assert!(!out.success(), "indexing into a damaged index succeeded");
+        let err = out.stderr;
         assert!(err.contains(index.to_str().unwrap()), "{err}");
         assert!(err.contains("recall index --rebuild"), "{err}");
-        let (ok, out, err) = index_cli(&home, &["--rebuild"]);
-        assert!(ok, "--rebuild did not recover: {err}");
+        let Output {
+            code,
+            stdout: out,
+            stderr: err,
+            ..
+        } = index_cli(&home, &["--rebuild"]);
+        assert!(code == 0, "--rebuild did not recover: {err}");
         assert!(
             err.contains("damaged") && err.contains("moved it to"),
             "{err}"
@@ -309,8 +308,7 @@ fn a_failed_first_run_leaves_no_index() {
         "not a database at all, but long enough to look like a file header\n".repeat(4),
     )
     .unwrap();
-    let (ok, _, err) = index_cli(&home, &[]);
-    assert!(!ok);
+    let err = index_cli(&home, &[]).assert_err().stderr;
     assert!(err.contains("state.db"), "{err}");
     assert!(
         !home.join("recall/index.db").exists(),
@@ -346,14 +344,15 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_full_disk_and_an_unwritable_directory_are_named() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
     let full = tmp.path().join("full");
     let _disk = Tmpfs::mount(&full, 256);
     let index = full.join("index.db");
-    let (ok, _, err) = index_cli(&home, &["--index", index.to_str().unwrap()]);
-    assert!(!ok);
+    let err = index_cli(&home, &["--index", index.to_str().unwrap()])
+        .assert_err()
+        .stderr;
     assert!(
         err.contains("no space left") && err.contains(full.to_str().unwrap()),
         "{err}"
@@ -368,20 +367,18 @@ fn a_full_disk_and_an_unwritable_directory_are_named() {
     let cache = tmp.path().join("cache");
     std::fs::create_dir(&cache).unwrap();
     chmod(&cache, 0o777);
-    let model = tiny_model_dir();
-    let (ok, _, err) = recall_without_root(
-        &[
-            "index",
-            "--hermes-home",
-            home.to_str().unwrap(),
-            "--index",
-            index.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-        ],
-        &cache,
-    );
-    assert!(!ok);
+    let err = recall()
+        .without_root()
+        .arg("index")
+        .hermes_home(&home)
+        .arg("--index")
+        .arg(&index)
+        .model(&tiny_model_dir())
+        .env("RECALL_CACHE_DIR", &cache)
+        .env("HOME", &cache)
+        .output()
+        .assert_err()
+        .stderr;
     assert!(
         err.contains("is not writable") && err.contains(locked.to_str().unwrap()),
         "{err}"
@@ -390,21 +387,18 @@ fn a_full_disk_and_an_unwritable_directory_are_named() {
 
 #[test]
 fn an_empty_index_says_so() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
     // A Hermes database with no messages yet.
-    hermes_db(&["bulk", home.to_str().unwrap(), "0"]);
-    let (ok, out, err) = index_cli(&home, &[]);
-    assert!(ok, "{err}");
+    let home = HermesHome::bulk(tmp.path().join("hermes"), 0);
+    let out = index_cli(&home, &[]).assert_ok().stdout;
     assert!(out.contains("\"messages\":0"), "{out}");
-    let (ok, _, err) = recall_cli(&[
-        "search",
-        "disk",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        tiny_model_dir().to_str().unwrap(),
-    ]);
-    assert!(!ok);
+    let err = recall()
+        .args(["search", "disk"])
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .output()
+        .assert_err()
+        .stderr;
     assert!(err.contains("is empty (no passages yet)"), "{err}");
 }

@@ -11,10 +11,16 @@ use recall::index::store::Store;
 use rusqlite::Connection;
 use serde_json::Value;
 
-/// `recall index --json` on `home` with `model`; the summary.
+/// `recall index --json` on `home` with `model`, which must succeed; the summary.
 fn index(home: &Path, model: &Path, extra: &[&str]) -> Value {
-    let out = recall_on(&["index", "--json"], home, model, extra);
-    serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    let out = recall()
+        .args(["index", "--json"])
+        .hermes_home(home)
+        .model(model)
+        .args(extra)
+        .output()
+        .assert_ok();
+    serde_json::from_str(out.stdout.lines().last().unwrap()).unwrap()
 }
 
 fn sha256(path: &Path) -> String {
@@ -65,10 +71,10 @@ fn home_in(tmp: &tempfile::TempDir) -> PathBuf {
 
 #[test]
 fn indexes_real_hermes_in_wal_and_delete_mode_without_touching_state_db() {
+    require!(hermes_python());
     for mode in ["wal", "delete"] {
         let tmp = tempfile::tempdir().unwrap();
-        let home = home_in(&tmp);
-        hermes_db(&["create", home.to_str().unwrap(), "--mode", mode]);
+        let home = HermesHome::create_in_mode(home_in(&tmp), mode);
         let journal: String = Connection::open(home.join("state.db"))
             .unwrap()
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
@@ -164,39 +170,23 @@ fn indexes_real_hermes_in_wal_and_delete_mode_without_touching_state_db() {
 
 #[test]
 fn incremental_runs_follow_appends_deletes_and_edits() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    let h = home.to_str().unwrap();
-    hermes_db(&["create", h]);
+    let home = HermesHome::create(home_in(&tmp));
     index(&home, &tiny_model_dir(), &[]);
 
-    hermes_db(&[
-        "append",
-        h,
-        "20260302_090000_aa0002",
-        "user",
-        "still broken after adding the brace",
-    ]);
-    hermes_db(&[
-        "append",
-        h,
-        "20260601_000000_abcdef",
-        "user",
-        "a brand new session about kubernetes",
-    ]);
+    home.session("20260302_090000_aa0002")
+        .message("user", "still broken after adding the brace");
+    home.session("20260601_000000_abcdef")
+        .message("user", "a brand new session about kubernetes");
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["embedded_messages"], 2, "{report}");
     assert_eq!(report["unchanged_messages"], 15);
     assert_complete(&home, &["user", "assistant"]);
 
     // /retry-style rewrite: keep the first message, edit it; the rest are deleted.
-    hermes_db(&[
-        "replace",
-        h,
-        "20260302_090000_aa0002",
-        "1",
-        "nginx -t now says the config is ok",
-    ]);
+    home.session("20260302_090000_aa0002")
+        .rewrite(1, "nginx -t now says the config is ok");
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["deleted_messages"], 3, "{report}");
     assert_eq!(report["embedded_messages"], 1, "{report}");
@@ -228,13 +218,8 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     // Nothing changed: nothing embedded; a re-added identical text comes from the cache.
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["embedded_messages"], 0, "{report}");
-    hermes_db(&[
-        "append",
-        h,
-        "20260602_000000_abcdef",
-        "user",
-        "docker images take 40GB",
-    ]);
+    home.session("20260602_000000_abcdef")
+        .message("user", "docker images take 40GB");
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(
         report["cached_chunks"], 1,
@@ -242,9 +227,12 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
     );
     assert_eq!(report["tokens"], 0);
 
-    let (ok, out, err) = recall_cli(&["stats", "--json", "--hermes-home", h]);
-    assert!(ok, "{err}");
-    let stats: Value = serde_json::from_str(&out).unwrap();
+    let out = recall()
+        .args(["stats", "--json"])
+        .hermes_home(&home)
+        .output()
+        .assert_ok();
+    let stats: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(stats["lag_messages"], 0);
     assert_eq!(stats["vectors"], stats["chunks"]);
     assert_eq!(stats["identity"]["model"], "tiny-bge-m3");
@@ -252,13 +240,12 @@ fn incremental_runs_follow_appends_deletes_and_edits() {
 
 #[test]
 fn hermes_keeps_writing_while_recall_indexes() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    let h = home.to_str().unwrap().to_string();
-    hermes_db(&["bulk", &h, "400"]);
+    let home = HermesHome::bulk(home_in(&tmp), 400);
     let writer = {
-        let h = h.clone();
-        std::thread::spawn(move || hermes_db(&["writer", &h, "4"]))
+        let home = home.clone();
+        std::thread::spawn(move || home.keep_writing(4.0))
     };
     // Index again and again for as long as Hermes writes.
     let mut runs = 0;
@@ -304,26 +291,20 @@ fn search_while_indexing(home: &Path) {
 
 #[test]
 fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    hermes_db(&["bulk", home.to_str().unwrap(), "2000", "--mode", "delete"]);
+    let home = HermesHome::bulk_in_mode(home_in(&tmp), 2000, "delete");
     let model = tiny_model_dir();
     let mut seed = 12345u64;
     for _ in 0..6 {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
-            .args([
-                "index",
-                "--json",
-                "--hermes-home",
-                home.to_str().unwrap(),
-                "--model",
-                model.to_str().unwrap(),
-            ])
+        let mut child = recall()
+            .args(["index", "--json"])
+            .hermes_home(&home)
+            .model(&model)
             .env("RECALL_CACHE_DIR", tmp.path().join("cache"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .spawn();
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         let kill_at =
             std::time::Instant::now() + std::time::Duration::from_millis(300 + (seed >> 33) % 4000);
@@ -354,20 +335,18 @@ fn a_killed_indexer_leaves_a_consistent_index_and_resumes() {
 
 #[test]
 fn another_model_is_refused_until_rebuild() {
+    require!(hermes_python());
+    let minilm = require!(minilm_dir());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(home_in(&tmp));
     index(&home, &tiny_model_dir(), &[]);
-    let minilm = minilm_dir();
-    let args = [
-        "index",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm.to_str().unwrap(),
-    ];
-    let (ok, _, err) = recall_cli(&args);
-    assert!(!ok);
+    let err = recall()
+        .arg("index")
+        .hermes_home(&home)
+        .model(&minilm)
+        .output()
+        .assert_err()
+        .stderr;
     for needle in [
         "never mixed",
         "model: index has tiny-bge-m3, now all-MiniLM-L6-v2",
@@ -382,8 +361,11 @@ fn another_model_is_refused_until_rebuild() {
     let report = index(&home, &minilm, &["--rebuild"]);
     assert_eq!(report["cached_chunks"], 15, "{report}");
     assert_eq!(report["tokens"], 0, "{report}");
-    let (_, out, _) = recall_cli(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
-    let stats: Value = serde_json::from_str(&out).unwrap();
+    let out = recall()
+        .args(["stats", "--json"])
+        .hermes_home(&home)
+        .output();
+    let stats: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(stats["identity"]["dimension"], 384);
     assert_complete(&home, &["user", "assistant"]);
 }
@@ -393,65 +375,47 @@ fn another_model_is_refused_until_rebuild() {
 /// another revision and are refused.
 #[test]
 fn bf16_and_f32_share_an_index_and_q8_does_not() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    let h = home.to_str().unwrap();
-    hermes_db(&["create", h]);
+    let home = HermesHome::create(home_in(&tmp));
     index(&home, &tiny_model_dir(), &["--dtype", "bf16"]);
-    hermes_db(&[
-        "append",
-        h,
-        "20260601_000000_abcdef",
-        "user",
-        "a brand new session about kubernetes",
-    ]);
+    let kubernetes = home.session("20260601_000000_abcdef");
+    kubernetes.message("user", "a brand new session about kubernetes");
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["embedded_messages"], 1, "{report}");
-    hermes_db(&[
-        "append",
-        h,
-        "20260601_000000_abcdef",
-        "user",
-        "and the pods keep restarting",
-    ]);
+    kubernetes.message("user", "and the pods keep restarting");
     let report = index(&home, &tiny_model_dir(), &["--dtype", "bf16"]);
     assert_eq!(report["embedded_messages"], 1, "{report}");
     assert_eq!(report["unchanged_messages"], 16, "{report}");
     assert_complete(&home, &["user", "assistant"]);
-    let out = recall_on(
-        &["search", "--json", "pods keep restarting"],
-        &home,
-        &tiny_model_dir(),
-        &["--dtype", "bf16"],
-    );
+    let out = recall()
+        .args(["search", "--json", "pods keep restarting"])
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .args(["--dtype", "bf16"])
+        .output()
+        .assert_ok()
+        .stdout;
     assert!(out.contains("20260601_000000_abcdef"), "{out}");
 
-    let model = tiny_model_dir();
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        h,
-        "--model",
-        model.to_str().unwrap(),
-        "--dtype",
-        "q8",
-    ]);
-    assert!(!ok, "a q8 engine wrote into an f32/bf16 index");
-    assert!(err.contains("+q8"), "{err}");
+    let out = recall()
+        .arg("index")
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .args(["--dtype", "q8"])
+        .output();
+    assert!(!out.success(), "a q8 engine wrote into an f32/bf16 index");
+    assert!(out.stderr.contains("+q8"), "{}", out.stderr);
 }
 
 #[test]
 fn session_files_profiles_and_missing_database() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    hermes_db(&["create", home.to_str().unwrap()]);
-    hermes_db(&[
-        "append",
-        home.join("profiles/work").to_str().unwrap(),
-        "20260701_000000_0000aa",
-        "user",
-        "work profile message",
-    ]);
+    let home = HermesHome::create(home_in(&tmp));
+    HermesHome::at(home.join("profiles/work"))
+        .session("20260701_000000_0000aa")
+        .message("user", "work profile message");
     std::fs::create_dir_all(home.join("sessions")).unwrap();
     std::fs::write(
         home.join("sessions/20250101_000000_0f0f0f.jsonl"),
@@ -476,14 +440,13 @@ fn session_files_profiles_and_missing_database() {
     let report = index(&home, &tiny_model_dir(), &["--profile", "work"]);
     assert_eq!(report["profiles"], serde_json::json!(["work"]));
 
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        tmp.path().join("nowhere").to_str().unwrap(),
-        "--model",
-        tiny_model_dir().to_str().unwrap(),
-    ]);
-    assert!(!ok);
+    let err = recall()
+        .arg("index")
+        .hermes_home(&tmp.path().join("nowhere"))
+        .model(&tiny_model_dir())
+        .output()
+        .assert_err()
+        .stderr;
     assert!(err.contains("no Hermes database"), "{err}");
 }
 
@@ -555,23 +518,17 @@ fn old_and_current_schemas_are_read_by_their_columns() {
 
 #[test]
 fn two_indexers_starting_on_a_new_index_both_finish_consistent() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    hermes_db(&["bulk", home.to_str().unwrap(), "1000"]);
+    let home = HermesHome::bulk(home_in(&tmp), 1000);
     let model = tiny_model_dir();
     let runs: Vec<std::process::Child> = (0..2)
         .map(|_| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
-                .args(["index", "--json", "--hermes-home", home.to_str().unwrap()])
-                .args(["--model", model.to_str().unwrap()])
-                .env(
-                    "RECALL_CACHE_DIR",
-                    std::env::temp_dir().join("recall-test-cache"),
-                )
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
+            recall()
+                .args(["index", "--json"])
+                .hermes_home(&home)
+                .model(&model)
                 .spawn()
-                .unwrap()
         })
         .collect();
     let mut embedded = Vec::new();
@@ -595,16 +552,10 @@ fn two_indexers_starting_on_a_new_index_both_finish_consistent() {
 
 #[test]
 fn rows_that_are_not_clean_text_never_stop_indexing() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = home_in(&tmp);
-    hermes_db(&["create", home.to_str().unwrap()]);
-    let odd = hermes_db(&["odd-rows", home.to_str().unwrap()]);
-    let ids: Vec<i64> = odd["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect();
+    let home = HermesHome::create(home_in(&tmp));
+    let ids = home.odd_rows();
     let storage: Vec<String> = {
         let conn = Connection::open(home.join("state.db")).unwrap();
         ids[..3]
@@ -621,18 +572,15 @@ fn rows_that_are_not_clean_text_never_stop_indexing() {
     };
     assert_eq!(storage, ["blob/real", "text/real", "text/text"]);
     let before = sha256(&home.join("state.db"));
-    let (ok, out, err) = recall_cli(&[
-        "index",
-        "--json",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        tiny_model_dir().to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let Output { stdout, stderr, .. } = recall()
+        .args(["index", "--json"])
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .output()
+        .assert_ok();
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(report["repaired_messages"], 3, "{report}");
-    assert!(err.contains("not UTF-8"), "{err}");
+    assert!(stderr.contains("not UTF-8"), "{stderr}");
     assert_eq!(sha256(&home.join("state.db")), before);
     // Every message is in the index, the odd ones with their bytes replaced.
     let held = indexed_ids(&home);
@@ -653,49 +601,38 @@ fn rows_that_are_not_clean_text_never_stop_indexing() {
         "{text:?}"
     );
     // A later run goes on as usual, and `recall show` reads the session.
-    hermes_db(&[
-        "append",
-        home.to_str().unwrap(),
-        "20260601_000000_0dd001",
-        "user",
-        "one more",
-    ]);
+    home.session("20260601_000000_0dd001")
+        .message("user", "one more");
     let report = index(&home, &tiny_model_dir(), &[]);
     assert_eq!(report["embedded_messages"], 1, "{report}");
-    let (ok, out, err) = recall_cli(&[
-        "show",
-        "20260601_000000_0dd001",
-        "--hermes-home",
-        home.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .args(["show", "20260601_000000_0dd001"])
+        .hermes_home(&home)
+        .output()
+        .assert_ok()
+        .stdout;
     assert!(out.contains("rsync") && out.contains("one more"), "{out}");
     // What Hermes stored never reaches the terminal as control characters.
     assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
     assert!(out.contains("\\u{1b}]0;pwned"), "{out:?}");
-    let (ok, out, err) = recall_cli(&[
-        "search",
-        "rsync",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        tiny_model_dir().to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .args(["search", "rsync"])
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .output()
+        .assert_ok()
+        .stdout;
     assert!(out.contains("Odd \\u{1b}[2J"), "{out:?}");
     assert!(!out.contains('\u{1b}') && !out.contains('\u{0}'), "{out:?}");
     // A window of any size is the whole session, never an overflow.
-    let (ok, out, err) = recall_cli(&[
-        "show",
-        "20260601_000000_0dd001",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--around",
-        &ids[1].to_string(),
-        "--window",
-        "18446744073709551615",
-    ]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .args(["show", "20260601_000000_0dd001"])
+        .hermes_home(&home)
+        .args(["--around", &ids[1].to_string()])
+        .args(["--window", "18446744073709551615"])
+        .output()
+        .assert_ok()
+        .stdout;
     // The title is shown, its control characters escaped.
     let first = out.lines().next().unwrap();
     assert!(
@@ -704,32 +641,29 @@ fn rows_that_are_not_clean_text_never_stop_indexing() {
             && !first.contains('\u{1b}'),
         "{out}"
     );
-    let (ok, out, _) = recall_cli(&[
-        "show",
-        "20260601_000000_0dd001",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--window",
-        "18446744073709551615",
-    ]);
-    assert!(ok && out.lines().count() == 6, "{out}");
+    let out = recall()
+        .args(["show", "20260601_000000_0dd001"])
+        .hermes_home(&home)
+        .args(["--window", "18446744073709551615"])
+        .output();
+    assert!(
+        out.success() && out.stdout.lines().count() == 6,
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]
 fn a_read_only_backup_and_an_odd_path_are_read() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
     chmod(tmp.path(), 0o755);
-    let home = tmp.path().join("home");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("home"));
     // A copy of a live database (with its WAL, without its shared-memory
     // file) in a read-only directory whose name has `?`, `#` and `%` in it:
     // characters, not URI syntax.
     let backup = tmp.path().join("we?ird#backup%20");
-    hermes_db(&[
-        "live-copy",
-        home.to_str().unwrap(),
-        backup.to_str().unwrap(),
-    ]);
+    home.live_copy(&backup);
     let [wal, shm, _] = recall::index::guard::companions(&backup.join("state.db"));
     assert!(wal.exists() && !shm.exists());
     for f in ["state.db", "state.db-wal"] {
@@ -741,23 +675,23 @@ fn a_read_only_backup_and_an_odd_path_are_read() {
     std::fs::create_dir(&out_dir).unwrap();
     chmod(&out_dir, 0o777);
     let index_path = out_dir.join("index.db");
-    let (ok, out, err) = recall_without_root(
-        &[
-            "index",
-            "--json",
-            "--hermes-home",
-            backup.to_str().unwrap(),
-            "--index",
-            index_path.to_str().unwrap(),
-            "--model",
-            tiny_model_dir().to_str().unwrap(),
-        ],
-        &out_dir,
-    );
+    let out = recall()
+        .without_root()
+        .args(["index", "--json"])
+        .hermes_home(&backup)
+        .arg("--index")
+        .arg(&index_path)
+        .model(&tiny_model_dir())
+        .env("RECALL_CACHE_DIR", &out_dir)
+        .env("HOME", &out_dir)
+        .output();
     chmod(&backup, 0o755);
-    assert!(ok, "{err}");
-    assert!(err.contains("immutable") && err.contains("WAL"), "{err}");
-    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let Output { stdout, stderr, .. } = out.assert_ok();
+    assert!(
+        stderr.contains("immutable") && stderr.contains("WAL"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(report["messages"], 15, "{report}");
     assert_eq!(sha256(&backup.join("state.db")), before);
 }
@@ -768,10 +702,10 @@ fn a_read_only_backup_and_an_odd_path_are_read() {
 /// line that reads as success.
 #[test]
 fn a_first_index_without_a_model_says_what_to_do_and_writes_nothing() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
+    let home = HermesHome::create(tmp.path().join("hermes"));
     let home_s = home.to_str().unwrap();
-    hermes_db(&["create", home_s]);
     let empty = tmp.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     let hub = tmp.path().join("hub");
@@ -809,7 +743,12 @@ fn a_first_index_without_a_model_says_what_to_do_and_writes_nothing() {
             "offline",
         ),
     ] {
-        let (code, out, err) = recall_env(&args, envs);
+        let Output {
+            code,
+            stdout: out,
+            stderr: err,
+            ..
+        } = recall().args(&args).envs(envs.iter().copied()).output();
         assert_eq!(code, 1, "{args:?}: {err}");
         assert!(
             err.contains(why) && err.contains("--model DIR") && err.contains("recall model fetch"),
@@ -830,22 +769,15 @@ fn a_first_index_without_a_model_says_what_to_do_and_writes_nothing() {
 /// to go on; what was written stays consistent.
 #[test]
 fn ctrl_c_says_how_far_indexing_got() {
+    require!(hermes_python());
+    let minilm = require!(minilm_dir());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    let home_s = home.to_str().unwrap();
-    hermes_db(&["bulk", home_s, "4000"]);
-    let child = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args(["index", "--hermes-home", home_s, "--model"])
-        .arg(minilm_dir())
-        .env(
-            "RECALL_CACHE_DIR",
-            std::env::temp_dir().join("recall-test-cache"),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let home = HermesHome::bulk(tmp.path().join("hermes"), 4000);
+    let child = recall()
+        .arg("index")
+        .hermes_home(&home)
+        .model(&minilm)
+        .spawn();
     // Once the index holds the sessions, the run is embedding messages.
     let index = home.join("recall/index.db");
     let started = std::time::Instant::now();

@@ -26,9 +26,10 @@ fn reference() -> Reference {
 
 #[test]
 fn minilm_matches_sentence_transformers() {
+    let minilm = require!(minilm_dir());
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load(&minilm_dir(), cache.path()).unwrap();
+    let embedder = load(&minilm, cache.path()).unwrap();
     let info = embedder.info();
     assert_eq!(info.model_type, "bert");
     assert_eq!(info.dense_dim, 384);
@@ -46,7 +47,7 @@ fn minilm_matches_sentence_transformers() {
     let got = embedder
         .embed(&[&texts[..], &texts[..]].concat(), Outputs::DENSE)
         .unwrap();
-    let alone = load_one_at_a_time(&minilm_dir(), cache.path())
+    let alone = load_one_at_a_time(&minilm, cache.path())
         .unwrap()
         .embed(&texts, Outputs::DENSE)
         .unwrap();
@@ -72,8 +73,9 @@ fn minilm_matches_sentence_transformers() {
 
 #[test]
 fn minilm_paraphrases_score_above_unrelated_pairs() {
+    let minilm = require!(minilm_dir());
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load(&minilm_dir(), cache.path()).unwrap();
+    let embedder = load(&minilm, cache.path()).unwrap();
     let texts = [
         "The server ran out of disk space.",
         "The machine has no free storage left on its drive.",
@@ -106,9 +108,10 @@ fn minilm_paraphrases_score_above_unrelated_pairs() {
 /// this model has (`recall_engine::kernels::quant::outlier_channels`) are summed in f32.
 #[test]
 fn minilm_q8_stays_close_to_sentence_transformers() {
+    let minilm = require!(minilm_dir());
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load_q8(&minilm_dir(), cache.path()).unwrap();
+    let embedder = load_q8(&minilm, cache.path()).unwrap();
     let cosines = cosines_to(&embedder, &reference);
     println!("q8 vs sentence-transformers f32, cosine per text: {cosines:?}");
     for (case, cos) in reference.cases.iter().zip(&cosines) {
@@ -123,9 +126,10 @@ fn minilm_q8_stays_close_to_sentence_transformers() {
 /// whichever bf16 kernel this CPU runs.
 #[test]
 fn minilm_bf16_stays_close_to_sentence_transformers() {
+    let minilm = require!(minilm_dir());
     let reference = reference();
     let cache = tempfile::tempdir().unwrap();
-    let embedder = load_as(&minilm_dir(), cache.path(), recall_engine::Dtype::Bf16).unwrap();
+    let embedder = load_as(&minilm, cache.path(), recall_engine::Dtype::Bf16).unwrap();
     let cosines = cosines_to(&embedder, &reference);
     println!(
         "bf16 ({:?}) vs sentence-transformers f32, cosine per text: {cosines:?}",

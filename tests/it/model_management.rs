@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use crate::common::*;
@@ -76,19 +75,22 @@ impl Hub {
                 Served { body, etag, lfs },
             );
         }
-        // A small model, fetched by name at `main`.
-        for f in recall::model::hub::MINILM_FILES {
-            let body = std::fs::read(minilm_dir().join(f)).unwrap();
-            let lfs = f.ends_with(".safetensors");
-            let etag = if lfs {
-                sha256(&body)
-            } else {
-                sha256(&body)[..40].to_string()
-            };
-            files.insert(
-                format!("/sentence-transformers/all-MiniLM-L6-v2/resolve/main/{f}"),
-                Served { body, etag, lfs },
-            );
+        // A small model, fetched by name at `main`, where the tests have it
+        // (only `a_small_model_is_fetched_and_used_by_name` asks for it).
+        if let Some(minilm) = minilm_dir() {
+            for f in recall::model::hub::MINILM_FILES {
+                let body = std::fs::read(minilm.join(f)).unwrap();
+                let lfs = f.ends_with(".safetensors");
+                let etag = if lfs {
+                    sha256(&body)
+                } else {
+                    sha256(&body)[..40].to_string()
+                };
+                files.insert(
+                    format!("/sentence-transformers/all-MiniLM-L6-v2/resolve/main/{f}"),
+                    Served { body, etag, lfs },
+                );
+            }
         }
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -229,35 +231,22 @@ impl Machine {
             .join(COMMIT)
     }
 
-    /// Runs recall here: (success, stdout, stderr).
-    fn recall(&self, args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_recall"));
-        cmd.args(args)
+    /// Runs `recall ARGS` here, with ENVS.
+    fn recall(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        recall()
+            .args(args)
             .env("HOME", &self.root)
             .env("HF_HUB_CACHE", self.hub_cache())
             .env("RECALL_CACHE_DIR", self.root.join("recall"))
-            .env_remove("RECALL_MODEL")
-            .env_remove("HF_HOME")
-            .env_remove("HF_TOKEN")
-            .env_remove("HF_HUB_OFFLINE")
-            .env_remove("HF_ENDPOINT")
-            .stdin(Stdio::null());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr,
-        )
+            .envs(envs.iter().copied())
+            .output()
     }
 
     fn dense(&self, envs: &[(&str, &str)]) -> Vec<f64> {
-        let (ok, out, err) = self.recall(&["embed", "the server ran out of space"], envs);
-        assert!(ok, "{err}");
+        let out = self
+            .recall(&["embed", "the server ran out of space"], envs)
+            .assert_ok()
+            .stdout;
         let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
         v["dense"]
             .as_array()
@@ -280,21 +269,21 @@ fn fetch_never_writes_where_a_mirror_points() {
     for names in [Names::EscapeWhenAskedAgain, Names::EscapingEtag] {
         let hub = Hub::start_naming(&[], None, names);
         let m = Machine::new();
-        let (ok, _, err) = m.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
+        let out = m.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
         // Where the escaping names lead, from blobs/ or snapshots/.
         for victim in ["victim", "victim.part"] {
             assert!(!m.root.join(victim).exists(), "{victim} was written");
         }
         match names {
             Names::EscapeWhenAskedAgain => {
-                assert!(ok, "{err}");
+                out.assert_ok();
                 for f in FILES {
                     let got = std::fs::read(m.snapshot().join(f)).unwrap();
                     assert_eq!(got, std::fs::read(tiny_model_dir().join(f)).unwrap(), "{f}");
                 }
             }
             _ => {
-                assert!(!ok);
+                let err = out.assert_err().stderr;
                 assert!(err.contains("no hash"), "{err}");
                 assert!(!m.hub_cache().join("models--BAAI--bge-m3/blobs").exists());
             }
@@ -307,15 +296,19 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     let hub = Hub::start(&[], Some(("pytorch_model.bin", 50_000)));
     let m = Machine::new();
     // No model yet: still JSON for a script, an empty list.
-    let (ok, out, err) = m.recall(&["model", "list", "--json"], &[]);
-    assert!(ok, "{err}");
-    assert_eq!(out.trim(), "[]");
+    let out = m.recall(&["model", "list", "--json"], &[]).assert_ok();
+    assert_eq!(out.stdout.trim(), "[]");
     let endpoint = [("HF_ENDPOINT", hub.url.as_str())];
-    let (ok, _, err) = m.recall(&["model", "fetch", "--retries", "0"], &endpoint);
-    assert!(!ok, "the interrupted transfer fails this run");
-    assert!(err.contains("pytorch_model.bin"), "{err}");
-    let (ok, out, err) = m.recall(&["model", "fetch", "--retries", "0"], &endpoint);
-    assert!(ok, "{err}");
+    let out = m.recall(&["model", "fetch", "--retries", "0"], &endpoint);
+    assert!(!out.success(), "the interrupted transfer fails this run");
+    assert!(out.stderr.contains("pytorch_model.bin"), "{}", out.stderr);
+    let Output {
+        stdout: out,
+        stderr: err,
+        ..
+    } = m
+        .recall(&["model", "fetch", "--retries", "0"], &endpoint)
+        .assert_ok();
     assert_eq!(out.trim(), m.snapshot().to_str().unwrap());
     assert!(
         hub.requests()
@@ -334,8 +327,9 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     let dense = m.dense(&[("HF_HUB_OFFLINE", "1")]);
     assert_eq!(dense.len(), 32);
 
-    let (ok, out, err) = m.recall(&["model", "verify"], &[]);
-    assert!(ok, "{out}{err}");
+    let out = m.recall(&["model", "verify"], &[]);
+    assert!(out.success(), "{}{}", out.stdout, out.stderr);
+    let out = out.stdout;
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok")).count(),
         FILES.len() + 1,
@@ -356,8 +350,9 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     let at = bytes.len() - 1000;
     bytes[at] ^= 0x40;
     std::fs::write(&copy, bytes).unwrap();
-    let (ok, out, err) = m.recall(&["model", "verify"], &[]);
-    assert!(ok, "{out}{err}");
+    let out = m.recall(&["model", "verify"], &[]);
+    assert!(out.success(), "{}{}", out.stdout, out.stderr);
+    let out = out.stdout;
     assert!(
         out.contains("WRONG") && out.contains("converted again"),
         "{out}"
@@ -374,15 +369,16 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     assert_eq!(m.dense(&[("HF_HUB_OFFLINE", "1")]), dense);
     assert_eq!(std::fs::metadata(&copy).unwrap().len(), len);
 
-    let (ok, out, err) = m.recall(&["model", "list"], &[]);
-    assert!(ok, "{err}");
+    let out = m.recall(&["model", "list"], &[]).assert_ok().stdout;
     assert!(
         out.starts_with(&format!("* BAAI/bge-m3@{COMMIT}")),
         "the default is marked: {out}"
     );
     assert!(out.contains("32 dims, dense+sparse+colbert"), "{out}");
-    let (ok, out, err) = m.recall(&["model", "list", "--json"], &[]);
-    assert!(ok, "{err}");
+    let out = m
+        .recall(&["model", "list", "--json"], &[])
+        .assert_ok()
+        .stdout;
     let listed: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
     let listed = &listed[0];
@@ -392,16 +388,17 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
         listed["outputs"],
         serde_json::json!(["dense", "sparse", "colbert"])
     );
-    let (ok, out, err) = m.recall(&["model", "info", "--json"], &[]);
-    assert!(ok, "{err}");
+    let out = m
+        .recall(&["model", "info", "--json"], &[])
+        .assert_ok()
+        .stdout;
     let info: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(
         (info["revision"].as_str(), info["dimension"].as_u64()),
         (Some(COMMIT), Some(32))
     );
     assert_eq!(info["max_length"], 256, "{info}");
-    let (ok, out, err) = m.recall(&["model", "info"], &[]);
-    assert!(ok, "{err}");
+    let out = m.recall(&["model", "info"], &[]).assert_ok().stdout;
     for line in [
         &format!("revision:    {COMMIT}"),
         "outputs:     dense, sparse, colbert",
@@ -415,14 +412,20 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
     let mut bytes = std::fs::read(&blob).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&blob, bytes).unwrap();
-    let (ok, out, err) = m.recall(&["model", "verify"], &[]);
-    assert!(!ok);
+    let Output {
+        stdout: out,
+        stderr: err,
+        ..
+    } = m.recall(&["model", "verify"], &[]).assert_err();
     assert!(out.contains("WRONG sparse_linear.pt: SHA-256"), "{out}");
     assert!(err.contains("1 of 9 files are wrong"), "{err}");
     // The same as JSON: every file with its problem (null when it matches),
     // and the error as one JSON object on standard error.
-    let (ok, out, err) = m.recall(&["model", "verify", "--json"], &[]);
-    assert!(!ok);
+    let Output {
+        stdout: out,
+        stderr: err,
+        ..
+    } = m.recall(&["model", "verify", "--json"], &[]).assert_err();
     let verdict: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let files = verdict["files"].as_array().unwrap();
     assert_eq!(files.len(), 9, "{verdict}");
@@ -444,8 +447,10 @@ fn fetch_resumes_an_interrupted_download_and_verifies() {
 fn a_corrupt_download_is_refused_and_removed() {
     let hub = Hub::start(&["colbert_linear.pt"], None);
     let m = Machine::new();
-    let (ok, _, err) = m.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
-    assert!(!ok);
+    let err = m
+        .recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())])
+        .assert_err()
+        .stderr;
     assert!(
         err.contains("colbert_linear.pt: the download is corrupt"),
         "{err}"
@@ -460,11 +465,13 @@ fn a_corrupt_download_is_refused_and_removed() {
 fn first_use_fetches_and_offline_says_what_to_run() {
     let hub = Hub::start(&[], None);
     let m = Machine::new();
-    let (ok, _, err) = m.recall(
-        &["embed", "x"],
-        &[("HF_ENDPOINT", hub.url.as_str()), ("HF_HUB_OFFLINE", "1")],
-    );
-    assert!(!ok);
+    let err = m
+        .recall(
+            &["embed", "x"],
+            &[("HF_ENDPOINT", hub.url.as_str()), ("HF_HUB_OFFLINE", "1")],
+        )
+        .assert_err()
+        .stderr;
     assert!(
         err.contains("recall model fetch && recall model export"),
         "{err}"
@@ -475,11 +482,15 @@ fn first_use_fetches_and_offline_says_what_to_run() {
         "offline means no request: {:?}",
         hub.requests()
     );
-    let (ok, _, err) = m.recall(
+    let out = m.recall(
         &["embed", "--offline", "x"],
         &[("HF_ENDPOINT", hub.url.as_str())],
     );
-    assert!(!ok && err.contains("offline"), "{err}");
+    assert!(
+        !out.success() && out.stderr.contains("offline"),
+        "{}",
+        out.stderr
+    );
 
     let dense = m.dense(&[("HF_ENDPOINT", hub.url.as_str())]);
     assert_eq!(dense.len(), 32);
@@ -490,23 +501,27 @@ fn first_use_fetches_and_offline_says_what_to_run() {
 fn export_import_round_trip() {
     let hub = Hub::start(&[], None);
     let online = Machine::new();
-    let (ok, _, err) = online.recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())]);
-    assert!(ok, "{err}");
+    online
+        .recall(&["model", "fetch"], &[("HF_ENDPOINT", hub.url.as_str())])
+        .assert_ok();
     let tar = online.root.join("bge-m3.tar");
-    let (ok, _, err) = online.recall(&["model", "export", tar.to_str().unwrap()], &[]);
-    assert!(ok, "{err}");
+    online
+        .recall(&["model", "export", tar.to_str().unwrap()], &[])
+        .assert_ok();
 
     let airgapped = Machine::new();
-    let (ok, out, err) = airgapped.recall(
-        &["model", "import", tar.to_str().unwrap()],
-        &[("HF_HUB_OFFLINE", "1")],
-    );
-    assert!(ok, "{err}");
+    let out = airgapped
+        .recall(
+            &["model", "import", tar.to_str().unwrap()],
+            &[("HF_HUB_OFFLINE", "1")],
+        )
+        .assert_ok()
+        .stdout;
     assert_eq!(out.trim(), airgapped.snapshot().to_str().unwrap());
     let offline = [("HF_HUB_OFFLINE", "1")];
     assert_eq!(airgapped.dense(&offline), online.dense(&offline));
-    let (ok, out, _) = airgapped.recall(&["model", "verify"], &[]);
-    assert!(ok, "{out}");
+    let out = airgapped.recall(&["model", "verify"], &[]);
+    assert!(out.success(), "{}", out.stdout);
 
     // The same tar unpacked by hand, with one file damaged: refused, naming it.
     let unpacked = airgapped.root.join("by-hand");
@@ -519,8 +534,10 @@ fn export_import_round_trip() {
         .replacen("<unk>", "<UNK>", 1);
     std::fs::write(&victim, text).unwrap();
     let third = Machine::new();
-    let (ok, _, err) = third.recall(&["model", "import", unpacked.to_str().unwrap()], &[]);
-    assert!(!ok);
+    let err = third
+        .recall(&["model", "import", unpacked.to_str().unwrap()], &[])
+        .assert_err()
+        .stderr;
     assert!(err.contains("tokenizer.json: SHA-256"), "{err}");
     assert!(
         !third.snapshot().exists(),
@@ -534,17 +551,19 @@ fn export_import_round_trip() {
         "README.md",
         "sentence_bert_config.json",
     ]);
-    let (ok, out, err) = fourth.recall(
-        &[
-            "model",
-            "import",
-            copy.to_str().unwrap(),
-            "--revision",
-            COMMIT,
-        ],
-        &[],
-    );
-    assert!(ok, "{err}");
+    let out = fourth
+        .recall(
+            &[
+                "model",
+                "import",
+                copy.to_str().unwrap(),
+                "--revision",
+                COMMIT,
+            ],
+            &[],
+        )
+        .assert_ok()
+        .stdout;
     assert_eq!(out.trim(), fourth.snapshot().to_str().unwrap());
     assert_eq!(fourth.dense(&offline).len(), 32);
 }
@@ -560,20 +579,22 @@ fn import_refuses_names_that_leave_the_cache() {
         "README.md",
         "sentence_bert_config.json",
     ]);
-    let (ok, _, err) = source.recall(
-        &[
-            "model",
-            "import",
-            copy.to_str().unwrap(),
-            "--revision",
-            COMMIT,
-        ],
-        &[],
-    );
-    assert!(ok, "{err}");
+    source
+        .recall(
+            &[
+                "model",
+                "import",
+                copy.to_str().unwrap(),
+                "--revision",
+                COMMIT,
+            ],
+            &[],
+        )
+        .assert_ok();
     let tar = source.root.join("model.tar");
-    let (ok, _, err) = source.recall(&["model", "export", tar.to_str().unwrap()], &[]);
-    assert!(ok, "{err}");
+    source
+        .recall(&["model", "export", tar.to_str().unwrap()], &[])
+        .assert_ok();
     let unpacked = source.root.join("unpacked");
     tar::Archive::new(std::fs::File::open(&tar).unwrap())
         .unpack(&unpacked)
@@ -599,8 +620,9 @@ fn import_refuses_names_that_leave_the_cache() {
             &unpacked,
             &repack(&unpacked, &target.root.join("crafted.tar")),
         ] {
-            let (ok, _, err) = target.recall(&["model", "import", from.to_str().unwrap()], &[]);
-            assert!(!ok, "{field} = {value:?} was imported");
+            let out = target.recall(&["model", "import", from.to_str().unwrap()], &[]);
+            assert!(!out.success(), "{field} = {value:?} was imported");
+            let err = out.stderr;
             assert!(err.contains("is not a"), "{field} = {value:?}: {err}");
         }
         let names: Vec<_> = std::fs::read_dir(&victim).unwrap().collect();
@@ -620,7 +642,7 @@ fn import_refuses_names_that_leave_the_cache() {
         assert!(!target.root.join("recall/manifests").exists());
     }
     let target = Machine::new();
-    let (ok, _, err) = target.recall(
+    let out = target.recall(
         &[
             "model",
             "import",
@@ -630,7 +652,11 @@ fn import_refuses_names_that_leave_the_cache() {
         ],
         &[],
     );
-    assert!(!ok && err.contains("is not a revision"), "{err}");
+    assert!(
+        !out.success() && out.stderr.contains("is not a revision"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// `dir` packed into the tar at `path`.
@@ -646,39 +672,47 @@ fn repack(dir: &Path, path: &Path) -> PathBuf {
 /// fetched, says what to do.
 #[test]
 fn a_small_model_is_fetched_and_used_by_name() {
+    require!(minilm_dir());
     let hub = Hub::start(&[], None);
     let m = Machine::new();
     let endpoint = [("HF_ENDPOINT", hub.url.as_str())];
-    let (ok, _, err) = m.recall(
+    let out = m.recall(
         &["embed", "--model", "all-MiniLM-L6-v2", "x"],
         &[("HF_HUB_OFFLINE", "1")],
     );
     assert!(
-        !ok && err.contains("`recall model fetch all-MiniLM-L6-v2`"),
-        "{err}"
+        !out.success() && out.stderr.contains("`recall model fetch all-MiniLM-L6-v2`"),
+        "{}",
+        out.stderr
     );
-    let (ok, out, err) = m.recall(&["model", "fetch", "all-MiniLM-L6-v2"], &endpoint);
-    assert!(ok, "{err}");
+    let out = m
+        .recall(&["model", "fetch", "all-MiniLM-L6-v2"], &endpoint)
+        .assert_ok()
+        .stdout;
     let snapshot = m
         .hub_cache()
         .join("models--sentence-transformers--all-MiniLM-L6-v2/snapshots")
         .join(COMMIT);
     assert_eq!(out.trim(), snapshot.to_str().unwrap());
-    let (ok, out, err) = m.recall(
-        &[
-            "embed",
-            "--model",
-            "sentence-transformers/all-MiniLM-L6-v2",
-            "the disk is full",
-        ],
-        &[("HF_HUB_OFFLINE", "1")],
-    );
-    assert!(ok, "{err}");
+    let out = m
+        .recall(
+            &[
+                "embed",
+                "--model",
+                "sentence-transformers/all-MiniLM-L6-v2",
+                "the disk is full",
+            ],
+            &[("HF_HUB_OFFLINE", "1")],
+        )
+        .assert_ok()
+        .stdout;
     let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(v["dense"].as_array().unwrap().len(), 384);
-    let (ok, _, err) = m.recall(&["model", "fetch", "gpt2"], &endpoint);
+    let out = m.recall(&["model", "fetch", "gpt2"], &endpoint);
+    let err = &out.stderr;
     assert!(
-        !ok && err.contains("does not know a model named \"gpt2\"")
+        !out.success()
+            && err.contains("does not know a model named \"gpt2\"")
             && err.contains("all-MiniLM-L6-v2"),
         "{err}"
     );

@@ -19,10 +19,9 @@ use serde_json::{Value, json};
 // ---------------------------------------------------------------- helpers
 
 /// A Hermes home with the small realistic history (real Hermes SessionDB).
-fn hermes_home() -> (tempfile::TempDir, PathBuf) {
+fn hermes_home() -> (tempfile::TempDir, HermesHome) {
     let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(dir.path().join("hermes"));
     (dir, home)
 }
 
@@ -39,36 +38,14 @@ fn config_file(dir: &Path, toml: &str) -> PathBuf {
     path
 }
 
-/// `recall ARGS` with `--hermes-home HOME --config CONFIG`: (exit code, stdout, stderr).
-fn recall_with(home: &Path, config: &Path, args: &[&str]) -> (i32, String, String) {
-    let mut all: Vec<&str> = args.to_vec();
-    all.extend([
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-    ]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args(&all)
-        .env(
-            "RECALL_CACHE_DIR",
-            std::env::temp_dir().join("recall-test-cache"),
-        )
-        .env_remove("RECALL_MODEL")
-        .env_remove("RECALL_PROVIDERS")
-        .env_remove("RECALL_CONFIG")
-        .env_remove("HERMES_HOME")
-        .env_remove("OLLAMA_HOST")
-        .stdin(std::process::Stdio::null())
+/// `recall ARGS --hermes-home HOME --config CONFIG`.
+fn recall_with(home: &Path, config: &Path, args: &[&str]) -> Output {
+    recall()
+        .args(args)
+        .hermes_home(home)
+        .arg("--config")
+        .arg(config)
         .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "recall panicked: {stderr}");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-    )
 }
 
 /// Every chunk of the index with its vector, after checking that the index
@@ -119,9 +96,12 @@ fn assert_vectors_are_the_models(rows: &[(String, Vec<f32>)]) {
 }
 
 fn lag(home: &Path) -> i64 {
-    let (ok, out, err) = recall_cli(&["stats", "--json", "--hermes-home", home.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    serde_json::from_str::<Value>(&out).unwrap()["lag_messages"]
+    let out = recall()
+        .args(["stats", "--json"])
+        .hermes_home(home)
+        .output()
+        .assert_ok();
+    serde_json::from_str::<Value>(&out.stdout).unwrap()["lag_messages"]
         .as_i64()
         .unwrap()
 }
@@ -369,6 +349,7 @@ fn handle(
 
 #[test]
 fn ollama_and_openai_providers_give_the_engines_vectors() {
+    require!(hermes_python());
     let serve = server();
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(
@@ -420,11 +401,21 @@ model = "bge-m3"
 
     // An index built through Ollama is searched through the OpenAI API.
     let (_h, home) = hermes_home();
-    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["index", "--provider", "ollama"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(err.contains("embedded by: ollama"), "{err}");
     assert_vectors_are_the_models(&stored(&home));
-    let (code, out, err) = recall_with(
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(
         &home,
         &config,
         &[
@@ -440,7 +431,12 @@ model = "bge-m3"
     assert_eq!(first["title"], "Nginx config error", "{out}");
 
     // `recall providers` names each, its space, and the one the index uses.
-    let (code, out, err) = recall_with(&home, &config, &["providers", "--json"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["providers", "--json"]);
     assert_eq!(code, 0, "{err}");
     let survey: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(survey["providers"][0]["used"], true, "{survey}");
@@ -450,6 +446,7 @@ model = "bge-m3"
 
 #[test]
 fn faults_are_retried_and_never_stored_and_the_index_completes() {
+    require!(hermes_python());
     let serve = server();
     let proxy = Proxy::start(&serve.base, None);
     let dir = tempfile::tempdir().unwrap();
@@ -473,8 +470,7 @@ timeout_secs = 2
         ),
     );
     let dir2 = tempfile::tempdir().unwrap();
-    let home = dir2.path().join("hermes");
-    hermes_db(&["bulk", home.to_str().unwrap(), "120"]);
+    let home = HermesHome::bulk(dir2.path().join("hermes"), 120);
 
     // Faults the provider recovers from within its retries.
     proxy.queue(&[
@@ -489,7 +485,12 @@ timeout_secs = 2
         Fault::Status(503, Some("0")),
     ]);
     let started = std::time::Instant::now();
-    let (code, out, err) = recall_with(&home, &config, &["index"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["index"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(proxy.pending(), 0, "every fault was met");
     assert!(
@@ -516,16 +517,13 @@ timeout_secs = 2
     // keeping what was done, consistent; once it is back, the next run completes.
     for i in 0..3 {
         let text = format!("new message {i}: the certificate renewal failed again");
-        hermes_db(&[
-            "append",
-            home.to_str().unwrap(),
-            "20260401_000000_000000",
-            "user",
-            &text,
-        ]);
+        home.session("20260401_000000_000000")
+            .message("user", &text);
     }
     proxy.down.store(true, Ordering::SeqCst);
-    let (code, _, err) = recall_with(&home, &config, &["index"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index"]);
     assert_eq!(code, 75, "{err}");
     assert!(
         err.contains("indexing paused") && err.contains("flaky"),
@@ -534,7 +532,12 @@ timeout_secs = 2
     assert!(lag(&home) > 0);
     assert_vectors_are_the_models(&stored(&home));
     proxy.down.store(false, Ordering::SeqCst);
-    let (code, out, err) = recall_with(&home, &config, &["index"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["index"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(lag(&home), 0);
     assert_vectors_are_the_models(&stored(&home));
@@ -640,6 +643,7 @@ impl Provider for FailingLocal {
 
 #[test]
 fn falls_back_from_local_to_ollama_mid_index() {
+    require!(hermes_python());
     let serve = server();
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(
@@ -663,9 +667,8 @@ fn falls_back_from_local_to_ollama_mid_index() {
     let chain = Chain::new(vec![failing.clone(), ollama]);
 
     let home_dir = tempfile::tempdir().unwrap();
-    let home = home_dir.path().join("hermes");
     // Enough for several embedding groups (16,384 tokens each).
-    hermes_db(&["bulk", home.to_str().unwrap(), "2000"]);
+    let home = HermesHome::bulk(home_dir.path().join("hermes"), 2000);
     let report = index_in_process(&chain, &home);
     assert!(report.paused.is_none(), "{:?}", report.paused);
     assert!(
@@ -689,6 +692,7 @@ fn falls_back_from_local_to_ollama_mid_index() {
 
 #[test]
 fn a_provider_of_another_space_is_refused_and_only_a_rebuild_moves_the_index() {
+    require!(hermes_python());
     let big = Proxy::start("http://unused", Some(2048));
     let (_h, home) = hermes_home();
     let dir = tempfile::tempdir().unwrap();
@@ -711,19 +715,18 @@ model = "/nonexistent/model"
             big.base
         ),
     );
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "local"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "local"]);
     assert_eq!(code, 0, "{err}");
     let before = stored(&home).len();
-    hermes_db(&[
-        "append",
-        home.to_str().unwrap(),
-        "20260302_090000_aa0002",
-        "user",
-        "and the TLS certificate expired",
-    ]);
+    home.session("20260302_090000_aa0002")
+        .message("user", "and the TLS certificate expired");
 
     // Only the 2048-dim provider in the chain: refused, nothing written.
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "ark"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "ark"]);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("another vector space")
@@ -736,7 +739,9 @@ model = "/nonexistent/model"
         "the API key was printed: {err}"
     );
     // The index's own kind is unavailable, the other is of another space: a pause, still nothing from ark.
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "nolocal,ark"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "nolocal,ark"]);
     assert_eq!(code, 75, "{err}");
     assert!(
         err.contains("nolocal") && err.contains("another vector space"),
@@ -752,12 +757,18 @@ model = "/nonexistent/model"
             .iter()
             .all(|a| a == "Bearer ark-secret-0123456789")
     );
-    let (_, out, err) = recall_with(&home, &config, &["providers", "--provider", "local,ark"]);
+    let Output {
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["providers", "--provider", "local,ark"]);
     assert!(!out.contains("ark-secret") && !err.contains("ark-secret"));
     assert!(out.contains("doubao-embedding-vision, 2048 dims"), "{out}");
 
     // --rebuild moves the index to the other space.
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "ark", "--rebuild"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "ark", "--rebuild"]);
     assert_eq!(code, 0, "{err}");
     let rows = stored(&home);
     assert_eq!(rows[0].1.len(), 2048);
@@ -766,6 +777,7 @@ model = "/nonexistent/model"
 
 #[test]
 fn search_is_keyword_only_while_no_provider_is_up() {
+    require!(hermes_python());
     let (_h, home) = hermes_home();
     let dir = tempfile::tempdir().unwrap();
     let dead = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -778,10 +790,16 @@ fn search_is_keyword_only_while_no_provider_is_up() {
             tiny_model_dir().display()
         ),
     );
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "local"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "local"]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) =
-        recall_with(&home, &config, &["search", "nginx", "--provider", "ollama"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["search", "nginx", "--provider", "ollama"]);
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("keyword-only search") && err.contains("ollama"),
@@ -789,7 +807,9 @@ fn search_is_keyword_only_while_no_provider_is_up() {
     );
     assert!(out.starts_with("(keyword-only results"), "{out}");
     assert!(out.contains("Nginx config error"), "{out}");
-    let (code, out, _) = recall_with(
+    let Output {
+        code, stdout: out, ..
+    } = recall_with(
         &home,
         &config,
         &["search", "nginx", "--provider", "ollama", "--json"],
@@ -801,7 +821,9 @@ fn search_is_keyword_only_while_no_provider_is_up() {
         assert_eq!(hit["mode"], "keyword", "{line}");
     }
     // Dense-only search cannot do without a provider, and says so.
-    let (code, _, err) = recall_with(
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(
         &home,
         &config,
         &[
@@ -822,6 +844,7 @@ fn search_is_keyword_only_while_no_provider_is_up() {
 
 #[test]
 fn configuration_errors_name_what_is_wrong() {
+    require!(hermes_python());
     let (_h, home) = hermes_home();
     let dir = tempfile::tempdir().unwrap();
     let cases = [
@@ -840,8 +863,14 @@ fn configuration_errors_name_what_is_wrong() {
     ];
     for (toml, expected) in cases {
         let config = config_file(dir.path(), toml);
-        let (code, _, err) = recall_with(&home, &config, &["providers", "--provider", "x"]);
-        let (code2, _, err2) = recall_with(&home, &config, &["providers"]);
+        let Output {
+            code, stderr: err, ..
+        } = recall_with(&home, &config, &["providers", "--provider", "x"]);
+        let Output {
+            code: code2,
+            stderr: err2,
+            ..
+        } = recall_with(&home, &config, &["providers"]);
         assert!(
             (code != 0 && err.contains(expected)) || (code2 != 0 && err2.contains(expected)),
             "{toml:?}: {err} / {err2}"
@@ -854,19 +883,22 @@ fn configuration_errors_name_what_is_wrong() {
     );
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&keyed, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (_, _, err) = recall_with(&home, &keyed, &["providers"]);
+    let Output { stderr: err, .. } = recall_with(&home, &keyed, &["providers"]);
     assert_eq!(err.matches("chmod 600").count(), 1, "{err}");
     std::fs::set_permissions(&keyed, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let (_, _, err) = recall_with(&home, &keyed, &["providers"]);
+    let Output { stderr: err, .. } = recall_with(&home, &keyed, &["providers"]);
     assert!(!err.contains("chmod 600"), "{err}");
     let missing = dir.path().join("missing.toml");
-    let (code, _, err) = recall_with(&home, &missing, &["providers"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &missing, &["providers"]);
     assert_eq!(code, 1);
     assert!(err.contains("does not exist"), "{err}");
 }
 
 #[test]
 fn openai_answers_out_of_order_or_wrong_are_never_stored() {
+    require!(hermes_python());
     let serve = server();
     let proxy = Proxy::start(&serve.base, None);
     let dir = tempfile::tempdir().unwrap();
@@ -897,7 +929,12 @@ max_backoff_secs = 0.2
         Fault::Shuffle,
         Fault::Null,
     ]);
-    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "remote"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["index", "--provider", "remote"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(proxy.pending(), 0);
     assert_vectors_are_the_models(&stored(&home));
@@ -906,6 +943,7 @@ max_backoff_secs = 0.2
 
 #[test]
 fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
+    require!(hermes_python());
     let serve = server();
     let proxy = Proxy::start(&serve.base, None);
     let (_h, home) = hermes_home();
@@ -918,7 +956,9 @@ fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
             proxy.base
         ),
     );
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "local"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "local"]);
     assert_eq!(code, 0, "{err}");
     // The probe and the same-vectors check pass; the query itself fails (one retry when someone waits).
     proxy.queue(&[
@@ -927,7 +967,12 @@ fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
         Fault::Status(500, None),
         Fault::Status(500, None),
     ]);
-    let (code, out, err) = recall_with(
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(
         &home,
         &config,
         &["search", "nginx", "--provider", "ollama", "--json"],
@@ -943,7 +988,9 @@ fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
     assert_eq!(hit["title"], "Nginx config error");
     assert_eq!(proxy.pending(), 0);
     // With the provider answering, the same search is hybrid.
-    let (code, out, _) = recall_with(
+    let Output {
+        code, stdout: out, ..
+    } = recall_with(
         &home,
         &config,
         &["search", "nginx", "--provider", "ollama", "--json"],
@@ -957,6 +1004,7 @@ fn a_query_that_cannot_be_embedded_falls_back_to_keywords() {
 
 #[test]
 fn a_message_the_provider_refuses_is_left_out_and_the_rest_indexed() {
+    require!(hermes_python());
     let serve = server();
     let proxy = Proxy::start(&serve.base, None);
     let dir = tempfile::tempdir().unwrap();
@@ -969,15 +1017,15 @@ fn a_message_the_provider_refuses_is_left_out_and_the_rest_indexed() {
     );
     let (_h, home) = hermes_home();
     let session = "20260302_090000_aa0002";
-    hermes_db(&[
-        "append",
-        home.to_str().unwrap(),
-        session,
-        "user",
-        "a FORBIDDEN-TOPIC message",
-    ]);
+    home.session(session)
+        .message("user", "a FORBIDDEN-TOPIC message");
     *proxy.refuse.lock().unwrap() = Some("FORBIDDEN-TOPIC".into());
-    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["index", "--provider", "ollama"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         err.contains("refused 1 messages") && err.contains("content refused"),
@@ -990,18 +1038,23 @@ fn a_message_the_provider_refuses_is_left_out_and_the_rest_indexed() {
     // More refusals than breaker_failures: a refusal is not the provider failing.
     let before = proxy.embeds.load(Ordering::SeqCst);
     for _ in 0..2 {
-        let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+        let Output {
+            code, stderr: err, ..
+        } = recall_with(&home, &config, &["index", "--provider", "ollama"]);
         assert_eq!(code, 0, "{err}");
     }
     assert!(proxy.embeds.load(Ordering::SeqCst) > before);
     *proxy.refuse.lock().unwrap() = None;
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "ollama"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "ollama"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(lag(&home), 0);
 }
 
 #[test]
 fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_engine() {
+    require!(hermes_python());
     let serve = server();
     let (_h, home) = hermes_home();
     let dir = tempfile::tempdir().unwrap();
@@ -1014,16 +1067,12 @@ fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_eng
             serve.base
         ),
     );
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "local"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "local"]);
     assert_eq!(code, 0, "{err}");
     let text = "the certificate renewal failed again on friday";
-    hermes_db(&[
-        "append",
-        home.to_str().unwrap(),
-        "20260302_090000_aa0002",
-        "user",
-        text,
-    ]);
+    home.session("20260302_090000_aa0002").message("user", text);
     let sparse_rows = || -> i64 {
         let store = Store::open_existing(&home.join("recall/index.db")).unwrap();
         store
@@ -1036,13 +1085,19 @@ fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_eng
             .unwrap()
     };
     // The local engine is unavailable: Ollama (same space, checked) writes it, without sparse weights.
-    let (code, _, err) = recall_with(&home, &config, &["index", "--provider", "nolocal,ollama"]);
+    let Output {
+        code, stderr: err, ..
+    } = recall_with(&home, &config, &["index", "--provider", "nolocal,ollama"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("embedded by: ollama 1 chunks"), "{err}");
     assert_eq!(lag(&home), 0);
     assert_eq!(sparse_rows(), 0);
     // Still without the local engine, nothing is redone.
-    let (_, out, err) = recall_with(
+    let Output {
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(
         &home,
         &config,
         &["index", "--provider", "nolocal,ollama", "--json"],
@@ -1051,7 +1106,12 @@ fn what_a_fallback_embedded_without_sparse_weights_is_caught_up_by_the_local_eng
         serde_json::from_str(out.lines().last().unwrap()).unwrap_or_else(|_| panic!("{out}{err}"));
     assert_eq!(report["embedded_messages"], 0, "{report}");
     // With it, the message gets its sparse weights.
-    let (code, out, err) = recall_with(&home, &config, &["index", "--provider", "local", "--json"]);
+    let Output {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = recall_with(&home, &config, &["index", "--provider", "local", "--json"]);
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert_eq!(report["embedded_messages"], 1, "{report}");

@@ -42,20 +42,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn embed(model: &Path, cache: &Path, q8: Option<&str>, colbert: bool) -> Embedded {
-    let mut args = vec!["-v", "embed", "--model", model.to_str().unwrap()];
-    if q8.is_some() {
-        args.extend(["--dtype", "q8"]);
+    let mut cmd = recall();
+    cmd.args(["-v", "embed"])
+        .model(model)
+        .env("RECALL_CACHE_DIR", cache);
+    if let Some(kernel) = q8 {
+        cmd.args(["--dtype", "q8"]).env("RECALL_Q8", kernel);
     }
     if colbert {
-        args.push("--colbert");
+        cmd.arg("--colbert");
     }
-    args.push("--");
-    args.extend_from_slice(TEXTS);
-    let mut envs = vec![("RECALL_CACHE_DIR", cache.to_str().unwrap())];
-    envs.extend(q8.map(|k| ("RECALL_Q8", k)));
-    let (code, out, stderr) = recall_env(&args, &envs);
-    assert_eq!(code, 0, "{stderr}");
-    let lines: Vec<Value> = out
+    let Output { stdout, stderr, .. } = cmd.arg("--").args(TEXTS).output().assert_ok();
+    let lines: Vec<Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -196,7 +194,7 @@ fn q8_holds_with_outliers_on_tiny_bge_m3() {
 /// Real weights.
 #[test]
 fn q8_holds_with_outliers_on_minilm() {
-    check_on(&minilm_dir(), false);
+    check_on(&require!(minilm_dir()), false);
 }
 
 /// The layers q8 runs in f32 are part of the model's revision: an index of
@@ -205,8 +203,9 @@ fn q8_holds_with_outliers_on_minilm() {
 #[test]
 fn layers_in_f32_are_part_of_the_q8_revision() {
     use recall::provider::local::identity_of;
+    let minilm = require!(minilm_dir());
     let cache = tempfile::tempdir().unwrap();
-    let (_tmp, model) = outlier_model(&minilm_dir(), 2, 40.0);
+    let (_tmp, model) = outlier_model(&minilm, 2, 40.0);
     let q8 = load_q8(&model, cache.path()).unwrap();
     let plan = &q8.info().q8.as_ref().unwrap().plan;
     assert!(!plan.f32_layers.is_empty(), "{plan:?}");
@@ -225,7 +224,7 @@ fn layers_in_f32_are_part_of_the_q8_revision() {
     let mut int8 = planned.clone();
     int8.revision = int8.revision.split("-f32:").next().unwrap().to_string();
     assert!(!planned.accepts(&int8) && !int8.accepts(&planned));
-    let shipped = load_q8(&minilm_dir(), cache.path()).unwrap();
+    let shipped = load_q8(&minilm, cache.path()).unwrap();
     let plain = identity_of(&shipped, None);
     assert!(
         plain.revision.ends_with(&format!("+{tag}")),

@@ -1,7 +1,7 @@
 //! `recall search` and `recall show` on a history written by the real Hermes,
 //! indexed with the real all-MiniLM-L6-v2.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::common::*;
@@ -9,12 +9,11 @@ use serde_json::Value;
 
 /// One indexed history shared by the tests (indexing it once).
 fn home() -> &'static Path {
-    static HOME: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static HOME: OnceLock<(tempfile::TempDir, HermesHome)> = OnceLock::new();
     &HOME
         .get_or_init(|| {
             let tmp = tempfile::tempdir().unwrap();
-            let home = tmp.path().join("hermes");
-            hermes_db(&["create", home.to_str().unwrap()]);
+            let home = HermesHome::create(tmp.path().join("hermes"));
             index_with_minilm(&home);
             (tmp, home)
         })
@@ -23,15 +22,12 @@ fn home() -> &'static Path {
 
 /// `recall index` of the history at `home` with all-MiniLM-L6-v2.
 fn index_with_minilm(home: &Path) {
-    let minilm = minilm_dir();
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    recall()
+        .arg("index")
+        .hermes_home(home)
+        .model(&minilm())
+        .output()
+        .assert_ok();
 }
 
 /// `recall search --json QUERY EXTRA...`: the results.
@@ -41,20 +37,15 @@ fn search(query: &str, extra: &[&str]) -> Vec<Value> {
 
 /// `recall search --json QUERY EXTRA...` in the history at `home`.
 fn search_in(home: &Path, query: &str, extra: &[&str]) -> Vec<Value> {
-    let minilm = minilm_dir();
-    let mut args = vec![
-        "search",
-        "--json",
-        query,
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        minilm.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let (ok, out, err) = recall_cli(&args);
-    assert!(ok, "search {query:?} failed: {err}");
-    out.lines()
+    recall()
+        .args(["search", "--json", query])
+        .hermes_home(home)
+        .model(&minilm())
+        .args(extra)
+        .output()
+        .assert_ok()
+        .stdout
+        .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
@@ -68,6 +59,8 @@ fn first_session(results: &[Value]) -> &str {
 
 #[test]
 fn a_paraphrase_finds_the_session_keywords_miss() {
+    require!(hermes_python());
+    require!(minilm_dir());
     let results = search("the server ran out of space", &[]);
     assert_eq!(
         first_session(&results),
@@ -98,6 +91,8 @@ fn a_paraphrase_finds_the_session_keywords_miss() {
 /// turn that answers it; topics never discussed get only weak results.
 #[test]
 fn questions_about_everyday_life_find_the_turn_that_answers() {
+    require!(hermes_python());
+    require!(minilm_dir());
     #[derive(serde::Deserialize)]
     struct History {
         questions: Vec<Question>,
@@ -110,14 +105,8 @@ fn questions_about_everyday_life_find_the_turn_that_answers() {
         answer: usize,
     }
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
     let file = repo_root().join("tests/hermes/chat/history.json");
-    let ids = hermes_db(&[
-        "chat-create",
-        home.to_str().unwrap(),
-        file.to_str().unwrap(),
-    ])["ids"]
-        .clone();
+    let (home, ids) = HermesHome::chat(tmp.path().join("hermes"), &file);
     index_with_minilm(&home);
     let history: History = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     // Each question's session comes first, opened within two messages of
@@ -159,6 +148,8 @@ fn questions_about_everyday_life_find_the_turn_that_answers() {
 
 #[test]
 fn exact_identifiers_and_chinese_are_found() {
+    require!(hermes_python());
+    require!(minilm_dir());
     assert_eq!(
         first_session(&search("nginx -t", &[])),
         "20260302_090000_aa0002"
@@ -175,6 +166,8 @@ fn exact_identifiers_and_chinese_are_found() {
 
 #[test]
 fn hermes_rules_hidden_sources_and_filters() {
+    require!(hermes_python());
+    require!(minilm_dir());
     // Only a subagent session mentions it: Hermes never shows those.
     let r = search("ERR_CONNECTION_RESET", &[]);
     assert!(
@@ -221,6 +214,8 @@ fn hermes_rules_hidden_sources_and_filters() {
 
 #[test]
 fn an_absent_topic_returns_only_weak_results() {
+    require!(hermes_python());
+    require!(minilm_dir());
     for query in [
         "a recipe for chocolate cake",
         "quantum chromodynamics lattice simulation",
@@ -238,16 +233,24 @@ fn an_absent_topic_returns_only_weak_results() {
 
 #[test]
 fn bad_queries_get_clear_answers() {
-    let minilm = minilm_dir();
-    let h = home().to_str().unwrap();
-    let m = minilm.to_str().unwrap();
-    let (ok, _, err) = recall_cli(&["search", "  ", "--hermes-home", h, "--model", m]);
-    assert!(!ok && err.contains("the query is empty"), "{err}");
-    let long = "disk ".repeat(20_000);
+    require!(hermes_python());
+    let minilm = require!(minilm_dir());
+    let search = |query: &str, extra: &[&str]| {
+        recall()
+            .args(["search", query])
+            .args(extra)
+            .hermes_home(home())
+            .model(&minilm)
+            .output()
+    };
+    let out = search("  ", &[]);
     assert!(
-        recall_cli(&["search", &long, "--hermes-home", h, "--model", m]).0,
-        "a 100,000-character query"
+        !out.success() && out.stderr.contains("the query is empty"),
+        "{}",
+        out.stderr
     );
+    let long = "disk ".repeat(20_000);
+    assert!(search(&long, &[]).success(), "a 100,000-character query");
     for syntax in [
         "\"unbalanced",
         "disk*",
@@ -258,8 +261,8 @@ fn bad_queries_get_clear_answers() {
         "(",
         "sites -t -- ^",
     ] {
-        let (ok, _, err) = recall_cli(&["search", syntax, "--hermes-home", h, "--model", m]);
-        assert!(ok, "{syntax:?}: {err}");
+        let out = search(syntax, &[]);
+        assert!(out.success(), "{syntax:?}: {}", out.stderr);
     }
     // Numbers that cannot be meant are refused by name.
     for (flag, value, needle) in [
@@ -270,49 +273,36 @@ fn bad_queries_get_clear_answers() {
         ("--limit", "0", "--limit"),
     ] {
         let arg = format!("{flag}={value}");
-        let (ok, _, err) = recall_cli(&["search", "disk", &arg, "--hermes-home", h, "--model", m]);
-        assert!(!ok && err.contains(needle), "{arg}: {err}");
+        let Output { code, stderr, .. } = search("disk", &[arg.as_str()]);
+        assert!(code != 0 && stderr.contains(needle), "{arg}: {stderr}");
     }
-    let (ok, _, err) = recall_cli(&[
-        "search",
-        "x",
-        "--index",
-        "/nonexistent/index.db",
-        "--hermes-home",
-        h,
-        "--model",
-        m,
-    ]);
+    let Output { code, stderr, .. } = search("x", &["--index", "/nonexistent/index.db"]);
     assert!(
-        !ok && err.contains("no index at /nonexistent/index.db"),
-        "{err}"
+        code != 0 && stderr.contains("no index at /nonexistent/index.db"),
+        "{stderr}"
     );
-    let tiny = tiny_model_dir();
-    let (ok, _, err) = recall_cli(&[
-        "search",
-        "disk",
-        "--hermes-home",
-        h,
-        "--model",
-        tiny.to_str().unwrap(),
-    ]);
-    assert!(!ok && err.contains("built with another model"), "{err}");
+    let Output { code, stderr, .. } = recall()
+        .args(["search", "disk"])
+        .hermes_home(home())
+        .model(&tiny_model_dir())
+        .output();
+    assert!(
+        code != 0 && stderr.contains("built with another model"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn show_prints_the_window_around_a_hit() {
-    let h = home().to_str().unwrap();
-    let (ok, out, err) = recall_cli(&[
-        "show",
-        "@session:default/20260301_101500_aa0001",
-        "--hermes-home",
-        h,
-        "--around",
-        "3",
-        "--window",
-        "1",
-    ]);
-    assert!(ok, "{err}");
+    require!(hermes_python());
+    require!(minilm_dir());
+    let out = recall()
+        .args(["show", "@session:default/20260301_101500_aa0001"])
+        .hermes_home(home())
+        .args(["--around", "3", "--window", "1"])
+        .output()
+        .assert_ok()
+        .stdout;
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
     assert_eq!(
@@ -323,60 +313,55 @@ fn show_prints_the_window_around_a_hit() {
         lines[2].starts_with("> [3]") && lines[2].contains("docker images take 40GB"),
         "{out}"
     );
-    let (ok, _, err) = recall_cli(&[
-        "show",
-        "20260301_101500_aa0001",
-        "--hermes-home",
-        h,
-        "--around",
-        "9999",
-    ]);
+    let Output { code, stderr, .. } = recall()
+        .args(["show", "20260301_101500_aa0001"])
+        .hermes_home(home())
+        .args(["--around", "9999"])
+        .output();
     assert!(
-        !ok && err.contains("message 9999 is not in session"),
-        "{err}"
+        code != 0 && stderr.contains("message 9999 is not in session"),
+        "{stderr}"
     );
 }
 
 #[test]
 fn colbert_rerank_needs_and_uses_bge_m3_heads() {
-    let minilm = minilm_dir();
-    let (ok, _, err) = recall_cli(&[
-        "search",
-        "docker",
-        "--rerank",
-        "--hermes-home",
-        home().to_str().unwrap(),
-        "--model",
-        minilm.to_str().unwrap(),
-    ]);
-    assert!(!ok && err.contains("dense vectors only"), "{err}");
+    require!(hermes_python());
+    let minilm = require!(minilm_dir());
+    let Output { code, stderr, .. } = recall()
+        .args(["search", "docker", "--rerank"])
+        .hermes_home(home())
+        .model(&minilm)
+        .output();
+    assert!(
+        code != 0 && stderr.contains("dense vectors only"),
+        "{stderr}"
+    );
 
     // The tiny BGE-M3 has the heads: rerank runs and keeps the result set's shape.
     let tmp = tempfile::tempdir().unwrap();
-    let h = tmp.path().join("hermes");
-    hermes_db(&["create", h.to_str().unwrap()]);
-    let tiny = tiny_model_dir();
+    let h = HermesHome::create(tmp.path().join("hermes"));
     assert!(
-        recall_cli(&[
-            "index",
-            "--hermes-home",
-            h.to_str().unwrap(),
-            "--model",
-            tiny.to_str().unwrap()
-        ])
-        .0
+        recall()
+            .arg("index")
+            .hermes_home(&h)
+            .model(&tiny_model_dir())
+            .output()
+            .success()
     );
-    let (ok, out, err) = recall_cli(&[
-        "search",
-        "docker images",
-        "--rerank",
-        "--json",
-        "--min-score=-1",
-        "--hermes-home",
-        h.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .args([
+            "search",
+            "docker images",
+            "--rerank",
+            "--json",
+            "--min-score=-1",
+        ])
+        .hermes_home(&h)
+        .output()
+        .assert_ok();
     let results: Vec<Value> = out
+        .stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -390,18 +375,15 @@ fn colbert_rerank_needs_and_uses_bge_m3_heads() {
 /// above a marginal one's), not the fused rank score, which only orders.
 #[test]
 fn text_results_show_a_similarity_that_means_something() {
-    let minilm = minilm_dir();
-    let (ok, out, err) = recall_cli(&[
-        "search",
-        "the server ran out of space",
-        "-n",
-        "2",
-        "--hermes-home",
-        home().to_str().unwrap(),
-        "--model",
-        minilm.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    require!(hermes_python());
+    let minilm = require!(minilm_dir());
+    let out = recall()
+        .args(["search", "the server ran out of space", "-n", "2"])
+        .hermes_home(home())
+        .model(&minilm)
+        .output()
+        .assert_ok()
+        .stdout;
     let similarity = |line: &str| -> f32 {
         let at = line.find("similarity ").unwrap_or_else(|| panic!("{out}")) + "similarity ".len();
         line[at..at + 4].parse().unwrap()

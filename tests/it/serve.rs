@@ -80,18 +80,15 @@ fn get(url: &str) -> (u16, String) {
 
 /// `recall embed --sparse --colbert` of TEXTS with the tiny model.
 fn reference() -> Vec<Value> {
-    let model = tiny_model_dir();
-    let mut args = vec![
-        "embed",
-        "--model",
-        model.to_str().unwrap(),
-        "--sparse",
-        "--colbert",
-    ];
-    args.extend_from_slice(TEXTS);
-    let (ok, out, err) = recall_cli(&args);
-    assert!(ok, "{err}");
-    out.lines()
+    recall()
+        .arg("embed")
+        .model(&tiny_model_dir())
+        .args(["--sparse", "--colbert"])
+        .args(TEXTS)
+        .output()
+        .assert_ok()
+        .stdout
+        .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
@@ -119,10 +116,7 @@ fn assert_vectors(name: &str, got: &Value, want: &[Vec<f32>]) {
 
 #[test]
 fn real_clients_get_recall_embeds_vectors() {
-    let python = std::env::var("RECALL_TEST_CLIENTS_PYTHON").expect(
-        "RECALL_TEST_CLIENTS_PYTHON is not set: run the tests with scripts/test.sh, which \
-         installs the client libraries into a venv (scripts/clients_venv.sh)",
-    );
+    let python = require!(clients_python());
     let want: Vec<Vec<f32>> = reference().iter().map(|r| floats(&r["dense"])).collect();
     let server = start(&[]);
     let out = Command::new(python)
@@ -324,17 +318,12 @@ fn bad_requests_get_clear_errors_in_the_clients_shape() {
 
 #[test]
 fn api_key_is_required_off_loopback_and_checked() {
-    let model = tiny_model_dir();
-    let (ok, _, err) = recall_cli(&[
-        "serve",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "0",
-        "--model",
-        model.to_str().unwrap(),
-    ]);
-    assert!(!ok);
+    let err = recall()
+        .args(["serve", "--host", "0.0.0.0", "--port", "0"])
+        .model(&tiny_model_dir())
+        .output()
+        .assert_err()
+        .stderr;
     assert!(err.contains("--api-key"), "{err}");
 
     let server = start(&["--api-key", "s3cret"]);
@@ -553,29 +542,24 @@ fn sigterm_finishes_the_requests_in_flight() {
 
 #[test]
 fn info_health_tags_and_search() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
     let model = tiny_model_dir();
-    let (ok, _, err) = recall_cli(&[
-        "index",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    recall()
+        .arg("index")
+        .hermes_home(&home)
+        .model(&model)
+        .output()
+        .assert_ok();
     let query = "nginx config error";
-    let (ok, out, err) = recall_cli(&[
-        "search",
-        "--json",
-        "--min-score=-1",
-        query,
-        "--hermes-home",
-        home.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let out = recall()
+        .args(["search", "--json", "--min-score=-1", query])
+        .hermes_home(&home)
+        .output()
+        .assert_ok();
     let want: Vec<Value> = out
+        .stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -1028,12 +1012,13 @@ fn slow_and_large_clients_cannot_stall_the_server() {
 #[test]
 fn the_model_answers_to_its_names() {
     use std::io::BufRead;
+    let minilm = require!(minilm_dir());
     let tmp = tempfile::tempdir().unwrap();
     let snapshot = tmp
         .path()
         .join("models--sentence-transformers--all-MiniLM-L6-v2/snapshots/abc123");
     std::fs::create_dir_all(&snapshot).unwrap();
-    for entry in std::fs::read_dir(minilm_dir()).unwrap() {
+    for entry in std::fs::read_dir(minilm).unwrap() {
         let entry = entry.unwrap();
         std::os::unix::fs::symlink(entry.path(), snapshot.join(entry.file_name())).unwrap();
     }

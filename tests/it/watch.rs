@@ -19,15 +19,12 @@ impl Drop for Watcher {
 }
 
 fn start_watch(home: &Path) -> Watcher {
-    let model = tiny_model_dir();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args(["watch", "--json", "--hermes-home", home.to_str().unwrap()])
-        .args(["--model", model.to_str().unwrap()])
-        .env_remove("HERMES_HOME")
-        .stdout(Stdio::piped())
+    let mut child = recall()
+        .args(["watch", "--json"])
+        .hermes_home(home)
+        .model(&tiny_model_dir())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn();
     // Drain its output so that it never blocks on a full pipe.
     let out = child.stdout.take().unwrap();
     std::thread::spawn(move || for _ in BufReader::new(out).lines() {});
@@ -36,21 +33,18 @@ fn start_watch(home: &Path) -> Watcher {
 
 /// Sessions whose text contains `words` exactly, per the index.
 fn found(home: &Path, words: &str) -> Vec<String> {
-    let (ok, out, err) = recall_cli(&[
-        "search",
-        "--json",
-        "--signals",
-        "keyword",
-        words,
-        "--hermes-home",
-        home.to_str().unwrap(),
-    ]);
-    if !ok {
+    let out = recall()
+        .args(["search", "--json", "--signals", "keyword", words])
+        .hermes_home(home)
+        .output();
+    if !out.success() {
         // The index may not exist yet.
+        let err = out.stderr;
         assert!(err.contains("no index") || err.contains("empty"), "{err}");
         return Vec::new();
     }
-    out.lines()
+    out.stdout
+        .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
             v["session_id"].as_str().unwrap().to_string()
@@ -72,28 +66,29 @@ const SESSION: &str = "20260601_120000_bb0001";
 
 #[test]
 fn appends_edits_and_deletions_are_followed() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
     let _watch = start_watch(&home);
     until(Duration::from_secs(60), "first index", || {
         !found(&home, "nginx").is_empty()
     });
 
     // One watcher per index.
-    let model = tiny_model_dir();
-    let (ok, _, err) = recall_cli(&[
-        "watch",
-        "--hermes-home",
-        home.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-    ]);
-    assert!(!ok && err.contains("already follows"), "{err}");
+    let out = recall()
+        .arg("watch")
+        .hermes_home(&home)
+        .model(&tiny_model_dir())
+        .output();
+    assert!(
+        !out.success() && out.stderr.contains("already follows"),
+        "{}",
+        out.stderr
+    );
 
     let mut latencies = Vec::new();
     for word in ["zebra", "okapi", "narwhal"] {
-        let appended = hermes_db(&["append", home.to_str().unwrap(), SESSION, "user", word]);
+        let appended = home.session(SESSION).message("user", word);
         until(Duration::from_secs(20), "append", || {
             found(&home, word) == [SESSION]
         });
@@ -102,19 +97,13 @@ fn appends_edits_and_deletions_are_followed() {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();
-        latencies.push(now - appended["committed_at"].as_f64().unwrap());
+        latencies.push(now - appended.committed_at);
     }
     // Reported, not asserted: scripts/bench_watch.sh measures it properly.
     println!("Hermes commit → searchable: {latencies:.2?} s");
 
     // An edit (Hermes rewrites the session's messages) and a deletion.
-    hermes_db(&[
-        "replace",
-        home.to_str().unwrap(),
-        SESSION,
-        "2",
-        "pelican harmonica",
-    ]);
+    home.session(SESSION).rewrite(2, "pelican harmonica");
     until(Duration::from_secs(20), "edit and deletion", || {
         found(&home, "pelican harmonica") == [SESSION]
             && found(&home, "okapi").is_empty()
@@ -125,12 +114,13 @@ fn appends_edits_and_deletions_are_followed() {
 
 #[test]
 fn a_database_that_appears_later_or_is_replaced_is_followed() {
+    let python = require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("hermes");
     std::fs::create_dir_all(&home).unwrap();
     let _watch = start_watch(&home);
     std::thread::sleep(Duration::from_millis(800));
-    hermes_db(&["create", home.to_str().unwrap()]);
+    HermesHome::create(&home);
     until(
         Duration::from_secs(60),
         "database created after start",
@@ -138,20 +128,12 @@ fn a_database_that_appears_later_or_is_replaced_is_followed() {
     );
 
     // Another Hermes database moved over the first (a restore from backup).
-    let other = tmp.path().join("other");
-    hermes_db(&["create", other.to_str().unwrap()]);
-    hermes_db(&[
-        "append",
-        other.to_str().unwrap(),
-        SESSION,
-        "user",
-        "walrus accordion",
-    ]);
+    let other = HermesHome::create(tmp.path().join("other"));
+    other.session(SESSION).message("user", "walrus accordion");
     for suffix in ["-wal", "-shm"] {
         let _ = std::fs::remove_file(home.join(format!("state.db{suffix}")));
     }
     // Checkpointed into one file, so that the move is one complete database.
-    let python = std::env::var("RECALL_TEST_HERMES_PYTHON").unwrap();
     let status = Command::new(python)
         .args([
             "-c",
@@ -169,9 +151,9 @@ fn a_database_that_appears_later_or_is_replaced_is_followed() {
 
 #[test]
 fn a_paused_watch_resumes_when_its_provider_comes_back() {
+    require!(hermes_python());
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("hermes");
-    hermes_db(&["create", home.to_str().unwrap()]);
+    let home = HermesHome::create(tmp.path().join("hermes"));
     // An Ollama provider (played by `recall serve`) that is not up yet.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -184,22 +166,13 @@ fn a_paused_watch_resumes_when_its_provider_comes_back() {
         format!("chain = [\"ollama\"]\n[providers.ollama]\nbase_url = \"http://127.0.0.1:{port}\"\nmodel = \"bge-m3\"\n"),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
-        .args([
-            "watch",
-            "--json",
-            "--retry-secs",
-            "1",
-            "--hermes-home",
-            home.to_str().unwrap(),
-        ])
-        .args(["--config", config.to_str().unwrap()])
-        .env_remove("HERMES_HOME")
-        .env_remove("RECALL_PROVIDERS")
-        .stdout(Stdio::piped())
+    let mut child = recall()
+        .args(["watch", "--json", "--retry-secs", "1"])
+        .hermes_home(&home)
+        .arg("--config")
+        .arg(&config)
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn();
     let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let (out, seen) = (child.stdout.take().unwrap(), events.clone());
     std::thread::spawn(move || {
