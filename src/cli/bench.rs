@@ -1,9 +1,13 @@
 //! `recall bench`: encoder throughput, query latency and peak memory.
 
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
 use anyhow::Result;
 use clap::Args;
-use recall::Outputs;
 use recall::bench::{self, DEFAULT_SHAPES, Shape, ShapeResult};
+use recall::{Embedder, ModelInfo, Outputs};
+use recall_engine::tokenize::Tokens;
 
 use super::ModelArgs;
 
@@ -61,51 +65,93 @@ fn median(ms: &mut [f64]) -> f64 {
     ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// `recall bench --serve`: the model in-process, then the same model behind
+/// a `recall serve` child process under load, and one report of both.
 fn run_serve(args: &BenchArgs) -> Result<()> {
-    use std::io::BufRead;
-    use std::time::{Duration, Instant};
-
     let embedder = args.model.load()?;
     let info = embedder.info().clone();
-    let load = bench::synthetic_inputs(
-        &embedder,
-        Shape {
-            batch: args.clients * 4,
-            tokens: args.tokens,
-        },
-    )?;
-    let query = bench::synthetic_inputs(
-        &embedder,
-        Shape {
-            batch: 1,
-            tokens: 16,
-        },
-    )?;
-
-    // In-process: the passes the server can form at best, one input from
-    // each client, for about half the time.
-    let passes: Vec<&[recall_engine::tokenize::Tokens]> =
-        load.chunks(args.clients.max(1)).collect();
-    embedder.embed_tokens(passes[0], Outputs::DENSE)?;
-    let (started, mut tokens) = (Instant::now(), 0usize);
-    for pass in passes.iter().cycle() {
-        if started.elapsed() >= Duration::from_secs(args.seconds / 2).max(Duration::from_secs(1)) {
-            break;
-        }
-        embedder.embed_tokens(pass, Outputs::DENSE)?;
-        tokens += pass.len() * args.tokens;
-    }
-    let in_process = tokens as f64 / started.elapsed().as_secs_f64();
-    let mut idle_in_process: Vec<f64> = (0..7)
-        .map(|_| {
-            let t = Instant::now();
-            embedder
-                .embed_tokens(&query, Outputs::DENSE)
-                .map(|_| t.elapsed().as_secs_f64() * 1e3)
-        })
-        .collect::<Result<_, _>>()?;
+    let inputs = ServeInputs::new(&embedder, args)?;
+    let in_process = InProcess::measure(&embedder, args, &inputs)?;
     drop(embedder);
 
+    let (mut child, line) = start_server(args, &info)?;
+    let result = Client::for_server(&line)
+        .and_then(|client| Served::measure(&client, args, &inputs))
+        .map(|served| print_serve_report(args, &info, in_process, served));
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// The inputs `--serve` sends: `load`, 4 per client of `--tokens` tokens
+/// each, and `query`, one 16-token input.
+struct ServeInputs {
+    load: Vec<Tokens>,
+    query: Vec<Tokens>,
+}
+
+impl ServeInputs {
+    fn new(embedder: &Embedder, args: &BenchArgs) -> Result<Self> {
+        let load = bench::synthetic_inputs(
+            embedder,
+            Shape {
+                batch: args.clients * 4,
+                tokens: args.tokens,
+            },
+        )?;
+        let query = bench::synthetic_inputs(
+            embedder,
+            Shape {
+                batch: 1,
+                tokens: 16,
+            },
+        )?;
+        Ok(Self { load, query })
+    }
+}
+
+/// The model's figures in this process: the yardstick for the served ones.
+struct InProcess {
+    tokens_per_s: f64,
+    /// Latencies of the 16-token query, in ms.
+    query_ms: Vec<f64>,
+}
+
+impl InProcess {
+    /// Runs the passes the server can form at best, one input from each
+    /// client, for about half the time; then the query alone, 7 times.
+    fn measure(embedder: &Embedder, args: &BenchArgs, inputs: &ServeInputs) -> Result<Self> {
+        let passes: Vec<&[Tokens]> = inputs.load.chunks(args.clients.max(1)).collect();
+        embedder.embed_tokens(passes[0], Outputs::DENSE)?;
+        let (started, mut tokens) = (Instant::now(), 0usize);
+        for pass in passes.iter().cycle() {
+            if started.elapsed()
+                >= Duration::from_secs(args.seconds / 2).max(Duration::from_secs(1))
+            {
+                break;
+            }
+            embedder.embed_tokens(pass, Outputs::DENSE)?;
+            tokens += pass.len() * args.tokens;
+        }
+        let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64();
+        let query_ms: Vec<f64> = (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                embedder
+                    .embed_tokens(&inputs.query, Outputs::DENSE)
+                    .map(|_| t.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            tokens_per_s,
+            query_ms,
+        })
+    }
+}
+
+/// Starts `recall serve` on any free port with the benchmarked model; gives
+/// the child and the first line it printed (the address it listens on).
+fn start_server(args: &BenchArgs, info: &ModelInfo) -> Result<(std::process::Child, String)> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["serve", "--port", "0", "--model"])
         .arg(&info.dir)
@@ -115,107 +161,167 @@ fn run_serve(args: &BenchArgs) -> Result<()> {
         .spawn()?;
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
-    let result = (|| -> Result<()> {
+    Ok((child, line))
+}
+
+/// Posts to the server's /v1/embeddings.
+struct Client {
+    agent: ureq::Agent,
+    url: String,
+}
+
+impl Client {
+    /// The client of the server that printed `line` (`listening on URL`) on start.
+    fn for_server(line: &str) -> Result<Self> {
         let base = line
             .trim()
             .strip_prefix("listening on ")
             .ok_or_else(|| anyhow::anyhow!("recall serve did not start: {line:?}"))?
             .to_string();
-        let url = format!("{base}/v1/embeddings");
-        let agent = ureq::Agent::new_with_defaults();
-        let post = |ids: &[u32]| -> Result<f64> {
-            let t = Instant::now();
-            // A sized body: ureq streams `send_json` chunked, which costs a round trip.
-            let body = serde_json::json!({"input": [ids]}).to_string();
-            let mut r = agent
-                .post(&url)
-                .header("Content-Type", "application/json")
-                .send(&body)?;
-            r.body_mut().read_to_string()?;
-            Ok(t.elapsed().as_secs_f64() * 1e3)
-        };
-        post(&query[0].ids)?;
-        let mut idle: Vec<f64> = (0..7).map(|_| post(&query[0].ids)).collect::<Result<_>>()?;
-        // Saturating load from `clients` threads until `deadline`; meanwhile
-        // `probe` runs (and returns its own measurements).
-        let load_for = |seconds: u64, probe: &(dyn Fn() -> Result<Vec<f64>> + Sync)| {
-            let deadline = Instant::now() + Duration::from_secs(seconds);
-            std::thread::scope(|s| -> Result<(f64, Vec<f64>)> {
-                let workers: Vec<_> = (0..args.clients)
-                    .map(|c| {
-                        let (post, load) = (&post, &load);
-                        s.spawn(move || -> Result<usize> {
-                            let mut sent = 0;
-                            for i in (c..).step_by(args.clients.max(1)) {
-                                if Instant::now() >= deadline {
-                                    break;
-                                }
-                                post(&load[i % load.len()].ids)?;
-                                sent += args.tokens;
-                            }
-                            Ok(sent)
-                        })
-                    })
-                    .collect();
-                let probed = probe()?;
-                let mut tokens = 0;
-                for w in workers {
-                    tokens += w
-                        .join()
-                        .map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
-                }
-                Ok((tokens as f64 / seconds as f64, probed))
-            })
-        };
-        // Throughput under load alone; then a query every 250 ms under the same load.
-        let (served, _) = load_for(args.seconds, &|| Ok(Vec::new()))?;
-        let (_, mut loaded) = load_for(args.seconds, &|| {
-            let deadline = Instant::now() + Duration::from_secs(args.seconds);
-            std::thread::sleep(Duration::from_millis(500));
-            let mut ms = Vec::new();
-            while Instant::now() + Duration::from_millis(250) < deadline {
-                ms.push(post(&query[0].ids)?);
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            Ok(ms)
+        Ok(Self {
+            agent: ureq::Agent::new_with_defaults(),
+            url: format!("{base}/v1/embeddings"),
+        })
+    }
+
+    /// Embeds one input of token `ids`; gives the round trip in ms.
+    fn post(&self, ids: &[u32]) -> Result<f64> {
+        let t = Instant::now();
+        // A sized body: ureq streams `send_json` chunked, which costs a round trip.
+        let body = serde_json::json!({"input": [ids]}).to_string();
+        let mut r = self
+            .agent
+            .post(&self.url)
+            .header("Content-Type", "application/json")
+            .send(&body)?;
+        r.body_mut().read_to_string()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+/// The model's figures behind the server.
+struct Served {
+    tokens_per_s: f64,
+    /// Latencies of the 16-token query with no other load, in ms.
+    idle_ms: Vec<f64>,
+    /// Latencies of the 16-token query under the clients' load, in ms.
+    under_load_ms: Vec<f64>,
+}
+
+impl Served {
+    /// The query idle (after one warm-up), throughput under load alone, then
+    /// a query every 250 ms under the same load.
+    fn measure(client: &Client, args: &BenchArgs, inputs: &ServeInputs) -> Result<Self> {
+        let query = &inputs.query[0].ids;
+        client.post(query)?;
+        let idle_ms: Vec<f64> = (0..7).map(|_| client.post(query)).collect::<Result<_>>()?;
+        let (tokens_per_s, _) =
+            under_load(client, args, &inputs.load, args.seconds, || Ok(Vec::new()))?;
+        let (_, under_load_ms) = under_load(client, args, &inputs.load, args.seconds, || {
+            queries_under_load(client, query, args.seconds)
         })?;
-        let (idle, loaded_p50) = (median(&mut idle), median(&mut loaded));
-        let row = serde_json::json!({
-            "model": info.dir, "clients": args.clients, "tokens_per_input": args.tokens,
-            "in_process_tokens_per_s": in_process, "served_tokens_per_s": served,
-            "throughput_ratio": served / in_process,
-            "query_p50_in_process_ms": median(&mut idle_in_process),
-            "query_p50_idle_ms": idle, "query_p50_under_load_ms": loaded_p50,
-            "latency_ratio": loaded_p50 / idle, "queries_under_load": loaded.len(),
-        });
-        if args.json {
-            println!("{row}");
-        } else {
-            println!(
-                "model {}, {} clients × 1 input of {} tokens, {} s of load",
-                info.dir.display(),
-                args.clients,
-                args.tokens,
-                args.seconds
-            );
-            println!(
-                "throughput: in-process {in_process:.0} tokens/s, served {served:.0} tokens/s \
-                 (served/in-process {:.2})",
-                served / in_process
-            );
-            println!(
-                "16-token query p50: in-process {:.1} ms, served idle {idle:.1} ms, \
-                 served under load {loaded_p50:.1} ms ({} queries; under load/idle {:.2})",
-                row["query_p50_in_process_ms"].as_f64().unwrap_or(f64::NAN),
-                loaded.len(),
-                loaded_p50 / idle
-            );
+        Ok(Self {
+            tokens_per_s,
+            idle_ms,
+            under_load_ms,
+        })
+    }
+}
+
+/// Saturating load of `load` from `args.clients` threads for `seconds`;
+/// meanwhile `probe` runs (and returns its own measurements). Gives the
+/// tokens/s served and the probe's measurements.
+fn under_load(
+    client: &Client,
+    args: &BenchArgs,
+    load: &[Tokens],
+    seconds: u64,
+    probe: impl FnOnce() -> Result<Vec<f64>>,
+) -> Result<(f64, Vec<f64>)> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    std::thread::scope(|s| -> Result<(f64, Vec<f64>)> {
+        let workers: Vec<_> = (0..args.clients)
+            .map(|c| {
+                s.spawn(move || -> Result<usize> {
+                    let mut sent = 0;
+                    for i in (c..).step_by(args.clients.max(1)) {
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                        client.post(&load[i % load.len()].ids)?;
+                        sent += args.tokens;
+                    }
+                    Ok(sent)
+                })
+            })
+            .collect();
+        let probed = probe()?;
+        let mut tokens = 0;
+        for w in workers {
+            tokens += w
+                .join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
         }
-        Ok(())
-    })();
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+        Ok((tokens as f64 / seconds as f64, probed))
+    })
+}
+
+/// Posts the query `ids` every 250 ms for `seconds`, from 500 ms in (once
+/// the load is under way); gives its latencies in ms.
+fn queries_under_load(client: &Client, ids: &[u32], seconds: u64) -> Result<Vec<f64>> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut ms = Vec::new();
+    while Instant::now() + Duration::from_millis(250) < deadline {
+        ms.push(client.post(ids)?);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Ok(ms)
+}
+
+/// Prints `--serve`'s figures: one JSON object with --json, else three lines.
+fn print_serve_report(args: &BenchArgs, info: &ModelInfo, in_process: InProcess, served: Served) {
+    let InProcess {
+        tokens_per_s: in_process,
+        query_ms: mut idle_in_process,
+    } = in_process;
+    let Served {
+        tokens_per_s: served,
+        idle_ms: mut idle,
+        under_load_ms: mut loaded,
+    } = served;
+    let (idle, loaded_p50) = (median(&mut idle), median(&mut loaded));
+    let row = serde_json::json!({
+        "model": info.dir, "clients": args.clients, "tokens_per_input": args.tokens,
+        "in_process_tokens_per_s": in_process, "served_tokens_per_s": served,
+        "throughput_ratio": served / in_process,
+        "query_p50_in_process_ms": median(&mut idle_in_process),
+        "query_p50_idle_ms": idle, "query_p50_under_load_ms": loaded_p50,
+        "latency_ratio": loaded_p50 / idle, "queries_under_load": loaded.len(),
+    });
+    if args.json {
+        println!("{row}");
+    } else {
+        println!(
+            "model {}, {} clients × 1 input of {} tokens, {} s of load",
+            info.dir.display(),
+            args.clients,
+            args.tokens,
+            args.seconds
+        );
+        println!(
+            "throughput: in-process {in_process:.0} tokens/s, served {served:.0} tokens/s \
+             (served/in-process {:.2})",
+            served / in_process
+        );
+        println!(
+            "16-token query p50: in-process {:.1} ms, served idle {idle:.1} ms, \
+             served under load {loaded_p50:.1} ms ({} queries; under load/idle {:.2})",
+            row["query_p50_in_process_ms"].as_f64().unwrap_or(f64::NAN),
+            loaded.len(),
+            loaded_p50 / idle
+        );
+    }
 }
 
 fn run_search(args: &BenchArgs) -> Result<()> {

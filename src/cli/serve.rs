@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use recall::Embedder;
 use recall::index::IndexOptions;
 use recall::provider::Chain;
 use recall::provider::local::Local;
 use recall::serve::{DEFAULT_PORT, ServeConfig, serve};
+use recall::source::hermes::Profile;
 use recall::watch::{Background, Event, WatchOptions};
 
 use super::ModelArgs;
@@ -93,20 +95,59 @@ pub struct ServeArgs {
     chunk: ChunkArgs,
 }
 
+/// Loads the model (the index's own unless one is named), starts the watcher
+/// with --watch, and serves until stopped.
 pub fn run(args: ServeArgs) -> Result<()> {
-    let index = args.index.clone().or_else(|| {
-        args.hermes_home
-            .clone()
-            .or_else(recall::source::hermes::default_home)
-            .map(|home| recall::index::default_index_path(&home))
-    });
+    let index = args.index_path();
     let remembered = match &index {
         Some(p) if p.is_file() => recall::index::store::Store::open(p)?.model_dir()?,
         _ => None,
     };
     let embedder = args.model.load_or(remembered)?;
     let watch = if args.watch {
-        let home = args
+        Some(args.watch_plan(&index, &embedder)?)
+    } else {
+        None
+    };
+    let config = args.config(&embedder, index);
+    config.check()?;
+    let embedder = Arc::new(embedder);
+    let watcher = start_watcher(watch, &config.index, &embedder)?;
+    let nudge = watcher.as_ref().map(|w| {
+        let nudge = w.nudge();
+        Box::new(move || nudge.nudge()) as recall::serve::Nudge
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // On an error (the port taken), dropping the watcher only tells it to
+    // stop: waiting for a first run over a long history would hang the exit.
+    runtime.block_on(serve(embedder, config, nudge))?;
+    if let Some(watcher) = watcher {
+        watcher.stop();
+    }
+    eprintln!("recall serve: stopped");
+    Ok(())
+}
+
+/// What `--watch` follows (the Hermes profiles) and how it indexes them.
+type WatchPlan = (Vec<Profile>, IndexOptions);
+
+impl ServeArgs {
+    /// The index POST /search searches: --index, else the Hermes home's.
+    fn index_path(&self) -> Option<PathBuf> {
+        self.index.clone().or_else(|| {
+            self.hermes_home
+                .clone()
+                .or_else(recall::source::hermes::default_home)
+                .map(|home| recall::index::default_index_path(&home))
+        })
+    }
+
+    /// The profiles --watch follows, checked against `index`'s sources, and
+    /// the options it indexes them with.
+    fn watch_plan(&self, index: &Option<PathBuf>, embedder: &Embedder) -> Result<WatchPlan> {
+        let home = self
             .hermes_home
             .clone()
             .or_else(recall::source::hermes::default_home)
@@ -116,47 +157,55 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 )
             })?;
         let profiles =
-            recall::source::hermes::profiles(&home, args.profile.as_deref(), args.all_profiles)?;
-        if let Some(index) = &index {
+            recall::source::hermes::profiles(&home, self.profile.as_deref(), self.all_profiles)?;
+        if let Some(index) = index {
             recall::index::check_sources(index, &profiles)?;
         }
         let options = IndexOptions {
             selection: recall::source::hermes::Selection::default(),
-            chunk: args.chunk.params(Some(embedder.info().max_length)),
+            chunk: self.chunk.params(Some(embedder.info().max_length)),
             rebuild: false,
         };
-        Some((profiles, options))
-    } else {
-        None
-    };
-    let mut model_aliases =
-        recall::serve::model_names(&embedder.info().dir, embedder.info().sparse);
-    let served_model_name = match args.served_model_name.clone() {
-        Some(name) => name,
-        None => model_aliases.remove(0),
-    };
-    let config = ServeConfig {
-        host: args.host,
-        port: args.port,
-        api_key: args.api_key,
-        allowed_hosts: args.allow_host,
-        served_model_name,
-        model_aliases,
-        max_body_bytes: args.max_body_bytes,
-        max_inflight_bytes: args.max_inflight_bytes,
-        max_connections_per_client: args.max_connections_per_client,
-        header_timeout: std::time::Duration::from_secs(args.header_timeout.max(1)),
-        body_timeout: std::time::Duration::from_secs(args.body_timeout.max(1)),
-        max_items: args.max_items,
-        max_concurrent_requests: args.max_concurrent_requests,
-        max_queue: args.max_queue,
-        max_batch_tokens: args.model.batch_tokens(),
-        index,
-    };
-    config.check()?;
-    let embedder = Arc::new(embedder);
-    // The server's own model indexes: the one it loaded.
-    let watcher = match (watch, &config.index) {
+        Ok((profiles, options))
+    }
+
+    /// The server's configuration, serving `embedder` and searching `index`.
+    fn config(self, embedder: &Embedder, index: Option<PathBuf>) -> ServeConfig {
+        let mut model_aliases =
+            recall::serve::model_names(&embedder.info().dir, embedder.info().sparse);
+        let served_model_name = match self.served_model_name.clone() {
+            Some(name) => name,
+            None => model_aliases.remove(0),
+        };
+        ServeConfig {
+            host: self.host,
+            port: self.port,
+            api_key: self.api_key,
+            allowed_hosts: self.allow_host,
+            served_model_name,
+            model_aliases,
+            max_body_bytes: self.max_body_bytes,
+            max_inflight_bytes: self.max_inflight_bytes,
+            max_connections_per_client: self.max_connections_per_client,
+            header_timeout: std::time::Duration::from_secs(self.header_timeout.max(1)),
+            body_timeout: std::time::Duration::from_secs(self.body_timeout.max(1)),
+            max_items: self.max_items,
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_queue: self.max_queue,
+            max_batch_tokens: self.model.batch_tokens(),
+            index,
+        }
+    }
+}
+
+/// Starts the watcher `watch` plans, indexing into `index` with the
+/// server's own model (the one it loaded); none without --watch.
+fn start_watcher(
+    watch: Option<WatchPlan>,
+    index: &Option<PathBuf>,
+    embedder: &Arc<Embedder>,
+) -> Result<Option<Background>> {
+    Ok(match (watch, index) {
         (Some((profiles, options)), Some(index)) => {
             let chain = Chain::new(vec![Arc::new(Local::from_embedder(
                 "local",
@@ -180,20 +229,5 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         (Some(_), None) => bail!("--watch needs an index: pass --index PATH or --hermes-home DIR"),
         (None, _) => None,
-    };
-    let nudge = watcher.as_ref().map(|w| {
-        let nudge = w.nudge();
-        Box::new(move || nudge.nudge()) as recall::serve::Nudge
-    });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    // On an error (the port taken), dropping the watcher only tells it to
-    // stop: waiting for a first run over a long history would hang the exit.
-    runtime.block_on(serve(embedder, config, nudge))?;
-    if let Some(watcher) = watcher {
-        watcher.stop();
-    }
-    eprintln!("recall serve: stopped");
-    Ok(())
+    })
 }
