@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use hf_hub::api::sync::{Api, ApiBuilder};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiRepo, Metadata};
 use hf_hub::{Cache, Repo, RepoType};
 
 use super::locate::{DEFAULT_REPO, hub_cache_dir};
@@ -165,49 +165,19 @@ pub fn fetch(
 ) -> Result<Fetched> {
     check_repo(repo)?;
     check_revision(revision)?;
+    let request = Request {
+        repo,
+        revision,
+        options,
+    };
     let api = options.api()?;
     let handle = api.repo(Repo::with_revision(
         repo.to_string(),
         RepoType::Model,
         revision.to_string(),
     ));
-    let hint = || {
-        format!(
-            "could not reach {} for {repo}@{revision}; check the network, HF_ENDPOINT (a mirror) or HF_TOKEN, \
-             or bring the model from another machine with `recall model export` / `recall model import`",
-            options.endpoint
-        )
-    };
-    let mut metas = Vec::with_capacity(files.len());
-    for file in files {
-        let meta = api
-            .metadata(&handle.url(file))
-            .map_err(|e| anyhow::anyhow!("{file}: {e}"))
-            .with_context(hint)?;
-        metas.push(meta);
-    }
-    let commit = metas[0].commit_hash().to_string();
-    // The commit and the ETags name paths in the cache: what a mirror
-    // answers is checked before any is used, and only this answer is used.
-    check_revision(&commit)
-        .with_context(|| format!("{} answered for {repo}@{revision}", options.endpoint))?;
-    for (file, meta) in files.iter().zip(&metas) {
-        if meta.commit_hash() != commit {
-            bail!(
-                "{} answered two commits for {repo}@{revision} ({commit}, and {} for {file}): try again",
-                options.endpoint,
-                meta.commit_hash()
-            );
-        }
-        if !is_blob_name(meta.etag()) {
-            bail!(
-                "{} answered an ETag for {file} that is no hash ({:?}): recall names the cached file by it, \
-                 so it refuses this mirror's answer",
-                options.endpoint,
-                meta.etag()
-            );
-        }
-    }
+    let metas = request.metadata(&api, &handle, files)?;
+    let commit = request.check_answer(files, &metas)?;
     let repo_dir = options
         .hub_cache
         .join(format!("models--{}", repo.replace('/', "--")));
@@ -222,31 +192,9 @@ pub fn fetch(
     let mut entries = Vec::with_capacity(files.len());
     let mut downloaded = 0;
     for (file, meta) in files.iter().zip(&metas) {
-        let cached = dir.join(file);
-        let present = std::fs::metadata(&cached).is_ok_and(|m| m.len() == meta.size() as u64);
-        let path = if present {
-            cached
-        } else {
-            downloaded += meta.size() as u64;
-            let blob = repo_dir.join("blobs").join(meta.etag());
-            transfer(&handle.url(file), file, meta.size() as u64, &blob, options)
-                .with_context(hint)?;
-            link(&blob, &cached)?;
-            cached
-        };
-        let sha256 = sha256_file(&path)?;
-        if is_sha256(meta.etag()) && sha256 != meta.etag() {
-            remove_blob(&path);
-            bail!(
-                "{file}: the download is corrupt (SHA-256 {sha256}, the hub says {}); it was removed, run the fetch again",
-                meta.etag()
-            );
-        }
-        entries.push(FileEntry {
-            path: file.to_string(),
-            size: meta.size() as u64,
-            sha256,
-        });
+        let (entry, transferred) = request.file(&handle, file, meta, &repo_dir, &dir)?;
+        downloaded += transferred;
+        entries.push(entry);
     }
     write_ref(
         &options.hub_cache,
@@ -266,6 +214,115 @@ pub fn fetch(
         manifest,
         downloaded,
     })
+}
+
+/// What one fetch asks for (`repo` at `revision`) and of whom.
+struct Request<'a> {
+    repo: &'a str,
+    revision: &'a str,
+    options: &'a HubOptions,
+}
+
+impl Request<'_> {
+    /// The context of an error reaching the hub: what to check, and the way round it.
+    fn hint(&self) -> String {
+        format!(
+            "could not reach {} for {}@{}; check the network, HF_ENDPOINT (a mirror) or HF_TOKEN, \
+             or bring the model from another machine with `recall model export` / `recall model import`",
+            self.options.endpoint, self.repo, self.revision
+        )
+    }
+
+    /// What the hub says each of `files` is (commit, ETag, size), in order.
+    fn metadata(&self, api: &Api, handle: &ApiRepo, files: &[&str]) -> Result<Vec<Metadata>> {
+        let mut metas = Vec::with_capacity(files.len());
+        for file in files {
+            let meta = api
+                .metadata(&handle.url(file))
+                .map_err(|e| anyhow::anyhow!("{file}: {e}"))
+                .with_context(|| self.hint())?;
+            metas.push(meta);
+        }
+        Ok(metas)
+    }
+
+    /// The commit the hub answered for all of `files`. The commit and the
+    /// ETags name paths in the cache: what a mirror answers is checked before
+    /// any is used, and only this answer is used.
+    fn check_answer(&self, files: &[&str], metas: &[Metadata]) -> Result<String> {
+        let Self {
+            repo,
+            revision,
+            options,
+        } = self;
+        let commit = metas[0].commit_hash().to_string();
+        check_revision(&commit)
+            .with_context(|| format!("{} answered for {repo}@{revision}", options.endpoint))?;
+        for (file, meta) in files.iter().zip(metas) {
+            if meta.commit_hash() != commit {
+                bail!(
+                    "{} answered two commits for {repo}@{revision} ({commit}, and {} for {file}): try again",
+                    options.endpoint,
+                    meta.commit_hash()
+                );
+            }
+            if !is_blob_name(meta.etag()) {
+                bail!(
+                    "{} answered an ETag for {file} that is no hash ({:?}): recall names the cached file by it, \
+                     so it refuses this mirror's answer",
+                    options.endpoint,
+                    meta.etag()
+                );
+            }
+        }
+        Ok(commit)
+    }
+
+    /// Puts `file` into the snapshot `dir` of `repo_dir` (transferring it
+    /// unless a copy of its size is there) and checks its SHA-256 against
+    /// the hub's; gives its manifest entry and the bytes transferred.
+    fn file(
+        &self,
+        handle: &ApiRepo,
+        file: &str,
+        meta: &Metadata,
+        repo_dir: &Path,
+        dir: &Path,
+    ) -> Result<(FileEntry, u64)> {
+        let mut downloaded = 0;
+        let cached = dir.join(file);
+        let present = std::fs::metadata(&cached).is_ok_and(|m| m.len() == meta.size() as u64);
+        let path = if present {
+            cached
+        } else {
+            downloaded += meta.size() as u64;
+            let blob = repo_dir.join("blobs").join(meta.etag());
+            transfer(
+                &handle.url(file),
+                file,
+                meta.size() as u64,
+                &blob,
+                self.options,
+            )
+            .with_context(|| self.hint())?;
+            link(&blob, &cached)?;
+            cached
+        };
+        let sha256 = sha256_file(&path)?;
+        if is_sha256(meta.etag()) && sha256 != meta.etag() {
+            remove_blob(&path);
+            bail!(
+                "{file}: the download is corrupt (SHA-256 {sha256}, the hub says {}); it was removed, run the fetch again",
+                meta.etag()
+            );
+        }
+        let entry = FileEntry {
+            path: file.to_string(),
+            size: meta.size() as u64,
+            sha256,
+        };
+        Ok((entry, downloaded))
+    }
 }
 
 /// An ETag that may name a blob: a git object id or a SHA-256, in hex.
