@@ -220,47 +220,89 @@ fn uninstall(args: UninstallArgs) -> Result<()> {
     Ok(())
 }
 
+/// Prints the plugin's, the server's, the index's, the watcher's and the
+/// service's state, as text or as one JSON object.
 fn status(args: StatusArgs) -> Result<()> {
-    let home = args.target.home()?;
-    let profile = &args.target.profile;
-    let profile_home = hermes_plugin::profile_home(&home, profile);
-    let hermes_plugin::Installed {
-        present,
-        current,
-        enabled,
-    } = hermes_plugin::installed(&profile_home);
-    let settings = hermes_plugin::read_settings(&profile_home);
-    let server = settings
-        .as_ref()
-        .map(|s| s.server.clone())
-        .unwrap_or_else(|| format!("http://127.0.0.1:{DEFAULT_PORT}"));
-    let info = ureq::get(&format!("{server}/info"))
-        .config()
-        .timeout_global(Some(std::time::Duration::from_secs(2)))
-        .build()
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok());
-    let hermes = HermesArgs::for_home(&home, profile);
-    let index = hermes.index_path()?;
-    let lag = if index.is_file() {
-        let store = recall::index::store::Store::open_existing(&index)?;
-        Some(recall::index::lag(
-            &store,
-            &hermes.profiles()?,
-            &recall::source::hermes::Selection::default(),
-        )?)
-    } else {
-        None
-    };
-    let watched = recall::watch::is_watched(&index);
-    let service = service_path();
+    let status = Status::gather(&args.target)?;
     if args.json {
+        status.print_json();
+    } else {
+        status.print_text();
+    }
+    Ok(())
+}
+
+/// What `recall hermes status` reports on a profile, all gathered before any is printed.
+struct Status {
+    profile_home: PathBuf,
+    plugin: hermes_plugin::Installed,
+    settings: Option<PluginSettings>,
+    /// The server the plugin asks (its settings', else the default port's).
+    server: String,
+    /// The server's `/info`, when it answered.
+    info: Option<serde_json::Value>,
+    index: PathBuf,
+    /// Messages not indexed yet; `None` when there is no index.
+    lag: Option<usize>,
+    /// A watcher (`recall watch` or `recall serve --watch`) follows the index.
+    watched: bool,
+    /// The service's file, where this system has a service manager recall knows.
+    service: Option<PathBuf>,
+}
+
+impl Status {
+    fn gather(target: &UninstallArgs) -> Result<Self> {
+        let home = target.home()?;
+        let profile = &target.profile;
+        let profile_home = hermes_plugin::profile_home(&home, profile);
+        let plugin = hermes_plugin::installed(&profile_home);
+        let settings = hermes_plugin::read_settings(&profile_home);
+        let server = settings
+            .as_ref()
+            .map(|s| s.server.clone())
+            .unwrap_or_else(|| format!("http://127.0.0.1:{DEFAULT_PORT}"));
+        let info = server_info(&server);
+        let hermes = HermesArgs::for_home(&home, profile);
+        let index = hermes.index_path()?;
+        let lag = index_lag(&hermes, &index)?;
+        let watched = recall::watch::is_watched(&index);
+        let service = service_path();
+        Ok(Self {
+            profile_home,
+            plugin,
+            settings,
+            server,
+            info,
+            index,
+            lag,
+            watched,
+            service,
+        })
+    }
+
+    /// Prints the status as one JSON object.
+    fn print_json(&self) {
+        let Self {
+            profile_home,
+            plugin:
+                hermes_plugin::Installed {
+                    present,
+                    current,
+                    enabled,
+                },
+            settings,
+            server,
+            info,
+            index,
+            lag,
+            watched,
+            service,
+        } = self;
         println!(
             "{}",
             serde_json::json!({
                 "plugin": {
-                    "dir": hermes_plugin::plugin_dir(&profile_home),
+                    "dir": hermes_plugin::plugin_dir(profile_home),
                     "installed": present, "current": current, "enabled": enabled,
                     "settings": settings,
                 },
@@ -285,65 +327,112 @@ fn status(args: StatusArgs) -> Result<()> {
                 }),
             })
         );
-        return Ok(());
     }
-    println!(
-        "plugin:   {}",
-        match (present, current) {
-            (false, _) => "not installed (run `recall hermes install`)".to_string(),
-            (true, true) => format!(
-                "installed in {}",
-                hermes_plugin::plugin_dir(&profile_home).display()
-            ),
-            (true, false) =>
-                "installed, from another recall version (run `recall hermes install` again)".into(),
-        }
-    );
-    println!("enabled:  {}", if enabled { "yes" } else { "no" });
-    match info {
-        Some(info) => println!(
-            "server:   {server} is up ({}), watcher {}",
-            info["model_id"].as_str().unwrap_or("?"),
-            if info["watching"] == true {
-                "running"
-            } else {
-                "off (start it with --watch)"
-            }
-        ),
-        None => {
-            println!("server:   {server} is not answering (searches run the recall binary: slower)")
-        }
-    }
-    match lag {
-        Some(lag) => println!(
-            "index:    {} ({lag} messages not indexed yet)",
-            index.display()
-        ),
-        None => println!(
-            "index:    none yet at {} (run `recall index`)",
-            index.display()
-        ),
-    }
-    println!(
-        "watcher:  {}",
-        if watched {
-            "running (recall watch or recall serve --watch)"
-        } else {
-            "not running: new messages are indexed after each turn only (start `recall serve --watch`)"
-        }
-    );
-    if let Some(path) = service {
+
+    /// Prints the status as one line per part, each saying what to do when it is off.
+    fn print_text(self) {
+        let Self {
+            profile_home,
+            plugin:
+                hermes_plugin::Installed {
+                    present,
+                    current,
+                    enabled,
+                },
+            settings: _,
+            server,
+            info,
+            index,
+            lag,
+            watched,
+            service,
+        } = self;
         println!(
-            "service:  {}",
-            match service_state(&path) {
-                ServiceState::NotInstalled => "not installed".into(),
-                ServiceState::Running => format!("installed and running ({})", path.display()),
-                ServiceState::NotRunning(why) =>
-                    format!("installed, not running: {why} ({})", path.display()),
+            "plugin:   {}",
+            match (present, current) {
+                (false, _) => "not installed (run `recall hermes install`)".to_string(),
+                (true, true) => format!(
+                    "installed in {}",
+                    hermes_plugin::plugin_dir(&profile_home).display()
+                ),
+                (true, false) =>
+                    "installed, from another recall version (run `recall hermes install` again)"
+                        .into(),
             }
         );
+        println!("enabled:  {}", if enabled { "yes" } else { "no" });
+        match info {
+            Some(info) => println!(
+                "server:   {server} is up ({}), watcher {}",
+                info["model_id"].as_str().unwrap_or("?"),
+                if info["watching"] == true {
+                    "running"
+                } else {
+                    "off (start it with --watch)"
+                }
+            ),
+            None => {
+                println!(
+                    "server:   {server} is not answering (searches run the recall binary: slower)"
+                )
+            }
+        }
+        match lag {
+            Some(lag) => println!(
+                "index:    {} ({lag} messages not indexed yet)",
+                index.display()
+            ),
+            None => println!(
+                "index:    none yet at {} (run `recall index`)",
+                index.display()
+            ),
+        }
+        println!(
+            "watcher:  {}",
+            if watched {
+                "running (recall watch or recall serve --watch)"
+            } else {
+                "not running: new messages are indexed after each turn only (start `recall serve --watch`)"
+            }
+        );
+        if let Some(path) = service {
+            println!(
+                "service:  {}",
+                match service_state(&path) {
+                    ServiceState::NotInstalled => "not installed".into(),
+                    ServiceState::Running => format!("installed and running ({})", path.display()),
+                    ServiceState::NotRunning(why) =>
+                        format!("installed, not running: {why} ({})", path.display()),
+                }
+            );
+        }
     }
-    Ok(())
+}
+
+/// The `/info` of the recall server at `server`, if it answers within 2 s.
+fn server_info(server: &str) -> Option<serde_json::Value> {
+    ureq::get(&format!("{server}/info"))
+        .config()
+        .timeout_global(Some(std::time::Duration::from_secs(2)))
+        .build()
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok())
+}
+
+/// How many of the profile's messages `index` has not indexed yet; `None`
+/// when there is no index there.
+fn index_lag(hermes: &HermesArgs, index: &std::path::Path) -> Result<Option<usize>> {
+    Ok(if index.is_file() {
+        let store = recall::index::store::Store::open_existing(index)?;
+        Some(recall::index::lag(
+            &store,
+            &hermes.profiles()?,
+            &recall::source::hermes::Selection::default(),
+        )?)
+    } else {
+        None
+    })
 }
 
 // ---- the background service ---------------------------------------------
