@@ -15,6 +15,7 @@ pub mod paths;
 pub mod provider;
 pub mod search;
 pub mod serve;
+pub mod service;
 pub mod source;
 pub mod space;
 mod sqlite;

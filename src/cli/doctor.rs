@@ -313,13 +313,13 @@ fn check_providers(args: &DoctorArgs, index: &IndexSeen, r: &mut Report) {
 
 /// The background service, where one is installed: running?
 fn check_service(r: &mut Report) {
-    use super::hermes::{ServiceState, installed_service, service_state};
-    let Some(path) = installed_service() else {
+    use recall::service::{self, State};
+    let Some(path) = service::installed() else {
         return;
     };
-    match service_state(&path) {
-        ServiceState::Running => r.ok("service", format!("running ({})", path.display())),
-        ServiceState::NotRunning(why) => r.warn(
+    match service::state(&path) {
+        State::Running => r.ok("service", format!("running ({})", path.display())),
+        State::NotRunning(why) => r.warn(
             "service",
             format!(
                 "installed ({}) but not running: {why}; new messages are indexed after each turn only",
@@ -327,7 +327,7 @@ fn check_service(r: &mut Report) {
             ),
             "run `recall hermes install --service` again for the command that starts it here",
         ),
-        ServiceState::NotInstalled => {}
+        State::NotInstalled => {}
     }
 }
 

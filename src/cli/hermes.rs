@@ -6,6 +6,7 @@ use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use recall::hermes_plugin::{self, PluginSettings};
 use recall::serve::DEFAULT_PORT;
+use recall::service;
 
 use super::ModelArgs;
 use super::index::{ChunkArgs, HermesArgs, RoleArgs, index_with};
@@ -96,13 +97,6 @@ pub fn run(cmd: HermesCommand) -> Result<()> {
     }
 }
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    recall::env::path_dirs()
-        .into_iter()
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 fn install(args: InstallArgs) -> Result<()> {
     if args.hermes.all_profiles() {
         bail!("install into one profile at a time: --profile NAME");
@@ -127,7 +121,9 @@ fn install(args: InstallArgs) -> Result<()> {
     let hermes_bin = if args.no_hermes_command {
         None
     } else {
-        args.hermes_bin.clone().or_else(|| find_on_path("hermes"))
+        args.hermes_bin
+            .clone()
+            .or_else(|| recall::paths::on_path("hermes"))
     };
     let report = hermes_plugin::install(&profile_home, &settings, hermes_bin.as_deref())?;
     if report.files_written.is_empty() && report.enabled_by.is_none() {
@@ -266,7 +262,7 @@ impl Status {
         let index = hermes.index_path()?;
         let lag = index_lag(&hermes, &index)?;
         let watched = recall::watch::is_watched(&index);
-        let service = service_path();
+        let service = service::path();
         Ok(Self {
             profile_home,
             plugin,
@@ -314,13 +310,13 @@ impl Status {
                 "index": {"path": index, "exists": lag.is_some(), "lag_messages": lag},
                 "watcher_running": watched,
                 "service": service.as_ref().map(|p| {
-                    let state = service_state(p);
+                    let state = service::state(p);
                     serde_json::json!({
                         "path": p,
                         "installed": p.is_file(),
-                        "running": matches!(state, ServiceState::Running),
+                        "running": matches!(state, service::State::Running),
                         "not_running_because": match state {
-                            ServiceState::NotRunning(why) => Some(why),
+                            service::State::NotRunning(why) => Some(why),
                             _ => None,
                         },
                     })
@@ -398,10 +394,11 @@ impl Status {
         if let Some(path) = service {
             println!(
                 "service:  {}",
-                match service_state(&path) {
-                    ServiceState::NotInstalled => "not installed".into(),
-                    ServiceState::Running => format!("installed and running ({})", path.display()),
-                    ServiceState::NotRunning(why) =>
+                match service::state(&path) {
+                    service::State::NotInstalled => "not installed".into(),
+                    service::State::Running =>
+                        format!("installed and running ({})", path.display()),
+                    service::State::NotRunning(why) =>
                         format!("installed, not running: {why} ({})", path.display()),
                 }
             );
@@ -437,397 +434,40 @@ fn index_lag(hermes: &HermesArgs, index: &std::path::Path) -> Result<Option<usiz
 
 // ---- the background service ---------------------------------------------
 
-fn service_path() -> Option<PathBuf> {
-    if cfg!(target_os = "macos") {
-        recall::paths::home_dir().map(|h| h.join("Library/LaunchAgents/ai.recall.watch.plist"))
-    } else {
-        recall::env::config_home().map(|c| c.join("systemd/user/recall-watch.service"))
-    }
-}
-
-/// The service's command line: `recall serve --watch` (the model warm for
-/// the plugin, indexing as Hermes writes), or `recall watch` when the chain
-/// has no local engine to serve.
-fn service_command(s: &PluginSettings, serve: bool) -> Vec<String> {
-    let mut cmd = vec![s.binary.display().to_string()];
-    if serve {
-        cmd.extend(["serve".into(), "--watch".into()]);
-    } else {
-        cmd.push("watch".into());
-    }
-    cmd.extend(["--hermes-home".into(), s.hermes_home.display().to_string()]);
-    if s.profile != "default" {
-        cmd.extend(["--profile".into(), s.profile.clone()]);
-    }
-    if serve
-        && let Some(port) = s
-            .server
-            .rsplit(':')
-            .next()
-            .filter(|p| p.parse::<u16>().is_ok())
-    {
-        cmd.extend(["--port".into(), port.to_string()]);
-    }
-    let engine = s.engine_args();
-    if serve {
-        // `serve` runs the local model only: the provider options are the index's.
-        let mut it = engine.into_iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().unwrap_or_default();
-            if flag == "--model" || flag == "--dtype" {
-                cmd.extend([flag, value]);
-            }
-        }
-    } else {
-        cmd.extend(engine);
-    }
-    cmd
-}
-
-/// Where a service file is read.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum ServiceFormat {
-    Systemd,
-    Launchd,
-}
-
-impl ServiceFormat {
-    fn here() -> Self {
-        if cfg!(target_os = "macos") {
-            ServiceFormat::Launchd
-        } else {
-            ServiceFormat::Systemd
-        }
-    }
-}
-
-/// One argument of a systemd `ExecStart=`: double-quoted, with `\` and `"`
-/// escaped as C-style sequences, `%` (specifiers) as `%%` and `$`
-/// (variables) as `$$` (systemd.service(5), systemd.unit(5)).
-fn systemd_quote(arg: &str) -> String {
-    let mut out = String::with_capacity(arg.len() + 2);
-    out.push('"');
-    for c in arg.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '%' => out.push_str("%%"),
-            '$' => out.push_str("$$"),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Text for an XML element's content.
-fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&apos;")
-}
-
-/// The unit (or plist) text that runs the service.
-fn service_text(s: &PluginSettings, serve: bool, format: ServiceFormat) -> String {
-    let cmd = service_command(s, serve);
-    match format {
-        ServiceFormat::Launchd => {
-            let args: String = cmd
-                .iter()
-                .map(|a| format!("    <string>{}</string>\n", xml_escape(a)))
-                .collect();
-            format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
-                 <!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" \"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n\
-                 <plist version=\"1.0\">\n<dict>\n  <key>Label</key>\n  <string>ai.recall.watch</string>\n\
-                 \x20 <key>ProgramArguments</key>\n  <array>\n{args}  </array>\n\
-                 \x20 <key>RunAtLoad</key>\n  <true/>\n  <key>KeepAlive</key>\n  <true/>\n</dict>\n</plist>\n"
-            )
-        }
-        ServiceFormat::Systemd => format!(
-            "[Unit]\nDescription=recall: local semantic memory for Hermes ({})\n\n\
-             [Service]\nExecStart={}\nRestart=on-failure\nRestartSec=5\n\n\
-             [Install]\nWantedBy=default.target\n",
-            if serve {
-                "embedding server + indexer"
-            } else {
-                "indexer"
-            },
-            cmd.iter()
-                .map(|a| systemd_quote(a))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
-    }
-}
-
 /// Writes the service file and starts it; whether it runs. Where the
 /// service manager cannot start it, says why and how to run the same
 /// command in the background instead.
 fn install_service(settings: &PluginSettings, serve: bool) -> Result<bool> {
-    let Some(path) = service_path() else {
-        bail!("cannot tell where the service file goes: HOME is not set");
-    };
-    std::fs::create_dir_all(path.parent().unwrap())?;
-    std::fs::write(&path, service_text(settings, serve, ServiceFormat::here()))?;
+    let path = service::write(settings, serve)?;
     println!("wrote {}", path.display());
-    let started = if cfg!(target_os = "macos") {
-        run_tool("launchctl", &["load", "-w", &path.display().to_string()])
-    } else {
-        run_tool("systemctl", &["--user", "daemon-reload"]).and_then(|()| {
-            run_tool(
-                "systemctl",
-                &["--user", "enable", "--now", "recall-watch.service"],
-            )
-        })
-    };
-    let why = match started.and_then(|()| match service_state(&path) {
-        ServiceState::Running => Ok(()),
-        ServiceState::NotRunning(why) => Err(why),
-        ServiceState::NotInstalled => Err("its file is gone".into()),
-    }) {
+    let why = match service::start(&path) {
         Ok(()) => {
             println!("started the service");
             return Ok(true);
         }
         Err(why) => why,
     };
-    let manager = if cfg!(target_os = "macos") {
-        format!("launchctl load -w {}", path.display())
-    } else {
-        "systemctl --user daemon-reload && systemctl --user enable --now recall-watch.service"
-            .into()
-    };
     let log = settings.hermes_home.join("recall").join("serve.log");
-    let command: Vec<String> = service_command(settings, serve)
-        .iter()
-        .map(|a| shell_quote(a))
-        .collect();
     println!("the service is installed but not started: {why}");
-    println!("  start it with: {manager}");
+    println!("  start it with: {}", service::manager_command(&path));
     println!(
-        "  or, where no service manager runs (a container, WSL), in the background:\n  nohup {} >> {} 2>&1 &",
-        command.join(" "),
-        shell_quote(&log.display().to_string())
+        "  or, where no service manager runs (a container, WSL), in the background:\n  {}",
+        service::background_command(settings, serve, &log)
     );
     Ok(false)
 }
 
-/// Whether the service is installed and running, as its manager says.
-pub(super) enum ServiceState {
-    NotInstalled,
-    Running,
-    /// Installed, not running: why, in the manager's words.
-    NotRunning(String),
-}
-
-/// The state of the service whose file is `path`.
-pub(super) fn service_state(path: &std::path::Path) -> ServiceState {
-    if !path.is_file() {
-        return ServiceState::NotInstalled;
-    }
-    let asked = if cfg!(target_os = "macos") {
-        run_tool("launchctl", &["list", "ai.recall.watch"])
-    } else {
-        run_tool(
-            "systemctl",
-            &["--user", "is-active", "--quiet", "recall-watch.service"],
-        )
-        .map_err(|why| {
-            if why.is_empty() || why.starts_with("exit status") {
-                "systemctl --user says it is not active".into()
-            } else {
-                why
-            }
-        })
-    };
-    match asked {
-        Ok(()) => ServiceState::Running,
-        Err(why) => ServiceState::NotRunning(why),
-    }
-}
-
-/// The path of the service file, for `doctor`.
-pub(super) fn installed_service() -> Option<PathBuf> {
-    service_path().filter(|p| p.is_file())
-}
-
-/// `arg` as one word of a POSIX shell command line.
-fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty()
-        && arg
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@,+".contains(&b))
-    {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', "'\\''"))
-    }
-}
-
 fn uninstall_service() -> Result<()> {
-    let Some(path) = service_path().filter(|p| p.is_file()) else {
-        return Ok(());
-    };
-    let stopped = if cfg!(target_os = "macos") {
-        run_quietly("launchctl", &["unload", &path.display().to_string()])
-    } else {
-        run_quietly(
-            "systemctl",
-            &["--user", "disable", "--now", "recall-watch.service"],
-        )
-    };
-    std::fs::remove_file(&path)?;
-    println!(
-        "{} the background service ({})",
-        if stopped {
-            "stopped and removed"
-        } else {
-            "removed"
-        },
-        path.display()
-    );
-    Ok(())
-}
-
-fn run_quietly(program: &str, args: &[&str]) -> bool {
-    run_tool(program, args).is_ok()
-}
-
-/// Runs `program`, its output captured; on failure, why: the last line it
-/// wrote, or its exit status, or that it is not on PATH.
-fn run_tool(program: &str, args: &[&str]) -> Result<(), String> {
-    if find_on_path(program).is_none() {
-        return Err(format!("{program} is not on PATH"));
-    }
-    let out = std::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let said =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    Err(said
-        .lines()
-        .map(str::trim)
-        .rfind(|l| !l.is_empty())
-        .map_or_else(|| out.status.to_string(), str::to_string))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(odd: &str) -> PluginSettings {
-        PluginSettings {
-            binary: PathBuf::from(format!("/opt/{odd}/recall")),
-            server: "http://127.0.0.1:11435".into(),
-            hermes_home: PathBuf::from(format!("/home/me/{odd}/.hermes")),
-            profile: "default".into(),
-            model: Some(PathBuf::from(format!("/models/{odd}"))),
-            dtype: Some("q8".into()),
-            providers: vec!["local".into(), "ollama".into()],
-            config: None,
-        }
-    }
-
-    /// Splits an `ExecStart=` line as systemd does: double-quoted words,
-    /// C escapes, `%%` and `$$`.
-    fn systemd_words(line: &str) -> Vec<String> {
-        let mut words = Vec::new();
-        let mut chars = line.chars().peekable();
-        while let Some(c) = chars.next() {
-            if c == ' ' {
-                continue;
-            }
-            assert_eq!(c, '"', "every word is quoted: {line}");
-            let mut word = String::new();
-            loop {
-                match chars.next().expect("closing quote") {
-                    '"' => break,
-                    '\\' => match chars.next().unwrap() {
-                        'n' => word.push('\n'),
-                        c => word.push(c),
-                    },
-                    '%' => {
-                        assert_eq!(chars.next(), Some('%'), "a lone % is a specifier");
-                        word.push('%');
-                    }
-                    '$' => {
-                        assert_eq!(chars.next(), Some('$'), "a lone $ is a variable");
-                        word.push('$');
-                    }
-                    c => word.push(c),
-                }
-            }
-            words.push(word);
-        }
-        words
-    }
-
-    const ODD: &str = "a b%c$d\"e\\f&g<h>i'j";
-
-    #[test]
-    fn systemd_unit_keeps_every_character_of_every_argument() {
-        let s = settings(ODD);
-        let text = service_text(&s, true, ServiceFormat::Systemd);
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("ExecStart="))
-            .unwrap();
-        let words = systemd_words(line);
-        assert_eq!(words, service_command(&s, true), "{text}");
-        assert!(words.contains(&"--dtype".to_string()) && words.contains(&"q8".to_string()));
-        assert!(text.contains("embedding server"));
-    }
-
-    #[test]
-    fn launchd_plist_escapes_xml() {
-        let s = settings(ODD);
-        let text = service_text(&s, true, ServiceFormat::Launchd);
-        let args: Vec<String> = text
-            .lines()
-            .filter_map(|l| {
-                l.trim()
-                    .strip_prefix("<string>")
-                    .and_then(|l| l.strip_suffix("</string>"))
-            })
-            .skip(1) // the label
-            .map(|a| {
-                a.replace("&lt;", "<")
-                    .replace("&gt;", ">")
-                    .replace("&quot;", "\"")
-                    .replace("&apos;", "'")
-                    .replace("&amp;", "&")
-            })
-            .collect();
-        assert_eq!(args, service_command(&s, true));
-        for raw in ["<h>", "&g<", "d\"e"] {
-            assert!(!text.contains(raw), "{raw} unescaped in {text}");
-        }
-    }
-
-    #[test]
-    fn without_a_local_engine_the_service_only_indexes() {
-        let s = settings("x");
-        let serve = service_command(&s, true);
-        assert_eq!(&serve[1..3], ["serve", "--watch"]);
-        assert!(!serve.contains(&"--provider".to_string()), "{serve:?}");
-        let watch = service_command(&s, false);
-        assert_eq!(watch[1], "watch");
-        assert!(!watch.contains(&"--port".to_string()));
-        assert!(
-            watch
-                .windows(2)
-                .any(|w| w == ["--provider", "local,ollama"]),
-            "{watch:?}"
+    if let Some((path, stopped)) = service::remove()? {
+        println!(
+            "{} the background service ({})",
+            if stopped {
+                "stopped and removed"
+            } else {
+                "removed"
+            },
+            path.display()
         );
-        assert!(watch.windows(2).any(|w| w == ["--dtype", "q8"]));
     }
+    Ok(())
 }
