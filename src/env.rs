@@ -205,6 +205,29 @@ mod tests {
         assert_eq!(names.len(), vars.len());
     }
 
+    /// Every variable declared in either home is in `all()`, so none goes
+    /// unlisted in `--help` and the README.
+    #[test]
+    fn every_declared_variable_is_listed() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let listed: Vec<&str> = all().iter().map(|v| v.name).collect();
+        for home in ["src/env.rs", "crates/recall-engine/src/env.rs"] {
+            let text = std::fs::read_to_string(root.join(home)).unwrap();
+            let declared: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("name: \""))
+                .filter_map(|l| l.strip_suffix("\","))
+                .collect();
+            assert!(!declared.is_empty(), "no declarations found in {home}");
+            for name in declared {
+                assert!(
+                    listed.contains(&name),
+                    "{name} ({home}) is not in env::all()"
+                );
+            }
+        }
+    }
+
     /// Nothing outside the two declared homes reads the environment, so the
     /// lists above are complete.
     #[test]

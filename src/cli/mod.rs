@@ -282,7 +282,6 @@ impl ProviderArgs {
     }
 }
 
-/// Options shared by every command that loads a model.
 /// A count of tokens: the engine refuses zero, and the flag should say so
 /// before a model is loaded.
 fn at_least_one(value: &str) -> Result<usize, String> {
@@ -293,6 +292,7 @@ fn at_least_one(value: &str) -> Result<usize, String> {
     }
 }
 
+/// Options shared by every command that loads a model.
 #[derive(Args, Clone)]
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
@@ -428,6 +428,9 @@ impl ModelArgs {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
+    // Said before any command starts: where the engine first loads, a failed
+    // load reads as an unavailable provider (a pause, a keyword-only search).
+    recall_engine::kernels::check_overrides().map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Embed(args) => embed::run(args),
         Command::Bench(args) => bench::run(args),

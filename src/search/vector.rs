@@ -12,9 +12,8 @@ use anyhow::Result;
 use super::binary::{self, CodeFile};
 use crate::index::store::{Store, blob_f32, cache_key};
 
-/// Indexes below this many vectors are scanned exactly: at this size the
-/// exact scan costs about as much as the rest of a search
-/// (docs/benchmarks.md, "Choices"), and it has no recall to lose.
+/// Indexes below this many vectors are scanned exactly: the scan is short at
+/// this size (docs/benchmarks.md, "Choices"), and it has no recall to lose.
 pub const EXACT_BELOW: i64 = 10_000;
 /// Codes ranked by Hamming distance, then by the query's dot product with
 /// them: this many per result wanted, and at least `SCAN_MIN`.

@@ -276,7 +276,7 @@ impl Calibration {
             None => String::new(),
         };
         let message = format!(
-            "--dtype q8: on recall's check texts, int8 in every layer of this model misses \
+            "q8 (`Dtype::Q8`): on recall's check texts, int8 in every layer of this model misses \
              the bars (cosine to f32: each text {FIDELITY_BAR}, their mean {MEAN_BAR}{colbert}) \
              with {}; so {} of its {layers} layers run in f32 (layers {}), which reach {}",
             self.int8,
@@ -288,7 +288,7 @@ impl Calibration {
         );
         if 2 * f32_layers.len() > layers {
             tracing::warn!(
-                "{message}. q8 saves little on this model: --dtype bf16 (within 0.9995 cosine \
+                "{message}. q8 saves little on this model: bf16 (`Dtype::Bf16`, within 0.9995 cosine \
                  of f32, half its memory) may serve better."
             );
         } else {

@@ -133,7 +133,7 @@ impl Encoder {
             && crate::kernels::quant::Q8Kernel::get() == crate::kernels::quant::Q8Kernel::Portable
         {
             tracing::warn!(
-                "--dtype q8: this CPU has no int8 dot product (AVX-512 VNNI, AVX-VNNI, AVX2 or \
+                "q8 (`Dtype::Q8`): this CPU has no int8 dot product (AVX-512 VNNI, AVX-VNNI, AVX2 or \
                  Arm's dot product), so int8 runs a portable loop, much slower than f32"
             );
         }

@@ -3,7 +3,7 @@
 //!
 //! An application that documents its environment lists [`VARS`] beside its
 //! own (the `recall` binary's `--help` and README table are generated from
-//! both), so a variable the engine starts reading cannot go unlisted.
+//! both; a test there fails when a variable declared here is missing).
 
 use std::ffi::OsString;
 

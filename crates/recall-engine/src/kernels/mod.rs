@@ -62,7 +62,7 @@ pub fn cpu() -> &'static Cpu {
             cpu.avx512f = has!("avx512f");
             cpu.avx512_bf16 = cpu.avx512f && has!("avx512bf16");
             cpu.avx512_vnni = cpu.avx512f && has!("avx512vnni");
-            cpu.avx_vnni = has!("avxvnni");
+            cpu.avx_vnni = cpu.avx2 && has!("avxvnni");
         }
         #[cfg(target_arch = "aarch64")]
         {
