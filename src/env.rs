@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-pub use recall_engine::env::{CACHE_DIR, HOME, PACK_CACHE, Var};
+pub use recall_engine::env::{CACHE_DIR, HOME, PACK_CACHE, Var, named};
 
 /// The model directory.
 pub const MODEL: Var = Var {
@@ -118,12 +118,6 @@ pub fn all() -> Vec<Var> {
     vars.extend([XDG_CONFIG_HOME, engine::XDG_CACHE_HOME, HOME, PATH]);
     vars.extend([NO_COLOR, TERM]);
     vars
-}
-
-/// A variable the user named in configuration (a provider's `api_key_env`),
-/// as text, when set and not blank.
-pub fn named(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// The directories in `PATH`.

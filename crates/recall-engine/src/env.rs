@@ -23,10 +23,14 @@ impl Var {
 
     /// Its value as text, when set, not blank and valid Unicode.
     pub fn text(self) -> Option<String> {
-        std::env::var(self.name)
-            .ok()
-            .filter(|v| !v.trim().is_empty())
+        named(self.name)
     }
+}
+
+/// A variable named at run time (a provider's `api_key_env` in a
+/// configuration file), as [`Var::text`] reads a declared one.
+pub fn named(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// recall's cache directory.
