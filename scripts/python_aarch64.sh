@@ -3,15 +3,13 @@
 # with maturin, then imports it into Debian's own aarch64 CPython (its
 # packages unpacked into a sysroot, never installed) with PyPI's aarch64
 # numpy, and runs the package's tests under qemu-aarch64 -cpu max
-# (correctness only). Run after scripts/aarch64.sh, which installs the
-# cross compiler, the target and qemu-user; scripts/test.sh does.
+# (correctness only). scripts/test.sh --full runs it after
+# scripts/aarch64.sh, whose dependencies the wheel's build reuses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-target=aarch64-unknown-linux-gnu
+# shellcheck source=scripts/aarch64_toolchain.sh
+source scripts/aarch64_toolchain.sh
 work="$PWD/target/python-aarch64"
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
 
 sudo=()
 [ "$(id -u)" = 0 ] || sudo=(sudo)
@@ -40,7 +38,9 @@ fi
 "$venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: \
   --platform manylinux2014_aarch64 --implementation cp --python-version "$debian_python" \
   -d "$work/wheels" "numpy>=1.21"
-"$venv/bin/maturin" build -q --target "$target" -m crates/recall-python/Cargo.toml -o "$work/wheels"
+# The dev profile reuses the dependencies scripts/aarch64.sh built
+# (scripts/python_test.sh says how).
+"$venv/bin/maturin" build -q --target "$target" --profile dev -m crates/recall-python/Cargo.toml -o "$work/wheels"
 for wheel in "$work"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; done
 
 tests="$PWD/crates/recall-python/tests"
