@@ -2,14 +2,8 @@
 # clippy -D warnings for every target recall ships on: x86-64 Linux,
 # aarch64 Linux (installing its toolchain: scripts/aarch64_toolchain.sh)
 # and macOS on Apple Silicon with Metal (scripts/macos.sh).
-#
-# Type-checking shares no compiled code with a build, so it runs in a
-# target dir of its own (target/lint unless CARGO_TARGET_DIR says
-# otherwise): `scripts/test.sh --full` runs it beside the tests, on the
-# cores their builds leave idle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/lint}"
 rustup component add clippy >/dev/null 2>&1 || true
 # shellcheck source=scripts/aarch64_toolchain.sh
 source scripts/aarch64_toolchain.sh

@@ -6,9 +6,9 @@
 # documentation and example, the Python wheel's tests and a hostile-input
 # run against `recall serve`.
 #
-# `--full` (what `.ci/run` runs) adds the encoder's other x86 kernels,
-# aarch64 under qemu (the Rust tests and the wheel's) and clippy for every
-# target, macOS included (scripts/lint.sh). Other arguments go to every
+# `--full` (what `.ci/run` runs) adds clippy for every target, macOS
+# included (scripts/lint.sh), the encoder's other x86 kernels and aarch64
+# under qemu (the Rust tests and the wheel's). Other arguments go to every
 # `cargo test`.
 #
 # Every cargo command here selects the same packages: cargo turns on a
@@ -20,12 +20,9 @@ full=0
 if [ "${1:-}" = --full ]; then
   full=1
   shift
-  # The lints run beside the tests, in a process group of their own that
-  # stops with this script, and are reported at the end.
-  mkdir -p target
-  nice -n 10 setsid bash scripts/lint.sh >target/lint.log 2>&1 &
-  lint=$!
-  trap 'kill -- -"$lint" 2>/dev/null || true' EXIT
+  # First, as CI's quickest failure; the type-checks also build the build
+  # scripts and procedural macros the tests' builds reuse.
+  bash scripts/lint.sh
 fi
 RECALL_TEST_MINILM="$(bash scripts/fetch_test_models.sh | tail -n 1)"
 export RECALL_TEST_MINILM
@@ -41,7 +38,8 @@ cargo test "${packages[@]}" --all-targets "$@"
 # runs on the tiny model, and it depends on none of the application's
 # HTTP, SQL, file-watching or download crates (ARCHITECTURE.md, "Invariants").
 cargo test "${packages[@]}" --doc
-cargo build -q "${packages[@]}" --examples
+# (The test profile: the libraries the tests just built, not a dev build of them.)
+cargo build -q "${packages[@]}" --profile test --examples
 target/debug/examples/embed models/tiny-bge-m3 "the server ran out of space" "disk cleanup"
 if cargo tree -p recall-engine -e normal --prefix none | grep -E '^(axum|tokio|rusqlite|notify|hf-hub|ureq) '; then
   echo "recall-engine depends on an application crate (above)" >&2
@@ -70,18 +68,10 @@ if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
 fi
 RECALL_MATMUL=candle cargo test "$@" "${packages[@]}" --test it \
   -- bge_m3_parity:: minilm:: eval:: q8_outliers:: --skip defaults_are_the_best_on_dev
-# aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, clippy for
-# that target, the unit and parity tests under qemu-aarch64 with the dot
-# product and without, and the evaluation's searches on a natively indexed
+# aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, the unit
+# and parity tests under qemu-aarch64 with the dot product and without, and the evaluation's searches on a natively indexed
 # test history (scripts/aarch64.sh).
 bash scripts/aarch64.sh "$@"
 # The Python wheel cross-built for aarch64 and tested under qemu with
 # Debian's aarch64 CPython (scripts/python_aarch64.sh).
 bash scripts/python_aarch64.sh
-status=0
-wait "$lint" || status=$?
-cat target/lint.log
-if [ "$status" != 0 ]; then
-  echo "scripts/lint.sh failed (above)" >&2
-  exit "$status"
-fi
