@@ -5,7 +5,7 @@
 # FlagEmbedding and sentence-transformers references.
 # Extra arguments go to `maturin build` (e.g. --release). Without any, the
 # dev profile: the engine and its dependencies optimised as the tests build
-# them, so the build reuses the one `cargo test --workspace` made.
+# them, so the build reuses the one scripts/test.sh's `cargo test` made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The wheel is the engine and nothing of the application (ARCHITECTURE.md, "Invariants").
@@ -21,6 +21,7 @@ features() {
     awk -F@ '{gsub(/ /, "_", $1); print $1, ($2 == "" ? "-" : $2)}' | sort -u
 }
 shared() { awk 'NR == FNR { seen[$1]; next } $1 in seen' "$1" "$2"; }
+mkdir -p target
 features -p recall-python >target/features-wheel.txt
 features --workspace --exclude recall-python >target/features-tests.txt
 stale="$(comm -3 <(shared target/features-tests.txt target/features-wheel.txt) \

@@ -69,8 +69,9 @@ fi
 RECALL_MATMUL=candle cargo test "$@" "${packages[@]}" --test it \
   -- bge_m3_parity:: minilm:: eval:: q8_outliers:: --skip defaults_are_the_best_on_dev
 # aarch64 (Apple Silicon's ISA, Graviton, Ampere): cross-built, the unit
-# and parity tests under qemu-aarch64 with the dot product and without, and the evaluation's searches on a natively indexed
-# test history (scripts/aarch64.sh).
+# and parity tests under qemu-aarch64 with the dot product and without, and
+# the evaluation's searches on a natively indexed test history
+# (scripts/aarch64.sh).
 bash scripts/aarch64.sh "$@"
 # The Python wheel cross-built for aarch64 and tested under qemu with
 # Debian's aarch64 CPython (scripts/python_aarch64.sh).
